@@ -1,0 +1,5 @@
+import sys
+
+from oomlab.cli import main
+
+sys.exit(main())
