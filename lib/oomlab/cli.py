@@ -1,0 +1,135 @@
+"""``python -m oomlab``: the library's functions on the command line.
+
+Bad input exits with code 2 and a message naming the bad value and what is accepted, before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from oomlab.errors import OomlabError
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors name the program and exit 2 (argparse's own convention)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}; expected a number of MiB >= 0") from err
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}; must be >= 0 MiB")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from oomlab.allocator import MESSAGE_FORMATS
+    from oomlab.reproduce import DEVICES
+
+    parser = _Parser(prog="python -m oomlab", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    rep = sub.add_parser("reproduce", help="move a model to one GPU as model.to('cuda') does; report the OOM")
+    rep.add_argument("--model", default="llama-13b", help="model spec name or path to a config.json")
+    rep.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32 (default float16)")
+    rep.add_argument("--gpu", default="t4", help="GPU spec name (default t4)")
+    rep.add_argument(
+        "--non-pytorch-mib",
+        type=_nonnegative_float,
+        default=None,
+        help="memory held outside PyTorch on the GPU, MiB (default: derived from the seed's message)",
+    )
+    rep.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda if available, else simulated")
+    rep.add_argument("--message-format", choices=MESSAGE_FORMATS, default=None,
+                     help="OOM message format of the simulated device (default torch<=2.0, the seed's)")
+    rep.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    run = sub.add_parser("run", help="run the notebooks with papermill and render outputs/report.html")
+    run.add_argument("--params", type=Path, default=None, help="YAML file of parameters")
+    run.add_argument("-p", dest="pairs", action="append", default=[], metavar="KEY=VALUE",
+                     help="a parameter (repeatable; overrides --params)")
+    run.add_argument("--out", type=Path, default=None, help="output folder (default outputs/)")
+    run.add_argument("--no-progress", action="store_true", help="hide papermill's progress bars")
+    return parser
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from oomlab.reproduce import compare_with_seed, reproduce
+    from oomlab.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
+    from oomlab.units import format_size
+
+    result = reproduce(
+        model=args.model,
+        dtype=args.dtype,
+        gpu=args.gpu,
+        non_pytorch_mib=args.non_pytorch_mib,
+        device=args.device,
+        message_format=args.message_format,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    print(f"model {result.model} in {result.dtype} -> one {result.gpu} ({result.device})")
+    if result.raised:
+        print(f"raised {result.exception}: {result.message}")
+        ft = result.failing_tensor
+        if ft is not None:
+            print(f"failing tensor: {ft.name} {list(ft.shape)} {ft.dtype} ({format_size(ft.nbytes)})")
+        print(f"moved before the failure: {format_size(result.moved_bytes)} "
+              f"({result.moved_fraction:.1%} of the parameters)")
+        print("frames (innermost last): " + " > ".join(result.frames))
+    else:
+        print(f"no error: allocated {format_size(result.allocated_bytes)}, "
+              f"reserved {format_size(result.reserved_bytes)}, free {format_size(result.free_bytes)}")
+    print(f"whole model: {format_size(result.model_bytes)} of tensors, "
+          f"{format_size(result.model_reserved_bytes)} reserved by the allocator; "
+          f"capacity {format_size(result.total_bytes)}, outside PyTorch {format_size(result.outside_pytorch_bytes)}"
+          f" -> {'fits' if result.fits else 'does not fit'}")
+    if (result.model, result.dtype, result.gpu) == (SEED_MODEL, SEED_DTYPE, SEED_GPU) and result.raised:
+        for row in compare_with_seed(result):
+            print(f"  {row.figure:<30} seed {row.seed:>12}  reproduced {row.reproduced or '-':>12}  "
+                  f"{'match' if row.matches else 'DIFFERENT'}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from oomlab import paths, pipeline
+
+    params = pipeline.parse_params(args.pairs, args.params)
+    out = args.out if args.out is not None else paths.OUTPUTS_DIR
+    result = pipeline.run_pipeline(params, out_dir=out, progress=not args.no_progress)
+    print(f"report: {result.report_path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers: dict[str, Any] = {"reproduce": _cmd_reproduce, "run": _cmd_run}
+    try:
+        return handlers[args.command](args)
+    except OomlabError as err:
+        print(f"{parser.prog} {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RuntimeError as err:
+        if type(err).__name__ == "PipelineError":
+            print(f"{parser.prog} {args.command}: failed: {err}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
