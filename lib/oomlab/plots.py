@@ -1,0 +1,70 @@
+"""Figures for the notebooks. Each takes computed results and returns a matplotlib ``Figure``.
+
+Figures are built without pyplot, so nothing is shown twice; a notebook displays one by ending a cell
+with it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from oomlab.units import GiB, format_size
+
+
+def plot_apply_walks(
+    walks: Sequence[tuple[str, Sequence[Any]]],
+    capacity_bytes: int,
+    outside_bytes: int,
+    title: str = "Module._apply: memory on GPU 0 while model.to('cuda') copies each tensor",
+    other_limits: Sequence[tuple[str, int]] = (),
+) -> Any:
+    """Cumulative allocated and reserved bytes along each ``_apply`` walk, with the GPU's limits.
+
+    ``walks`` is ``[(label, steps)]`` where ``steps`` are :class:`~oomlab.apply_walk.WalkStep` of an
+    unlimited walk; the point where reserved memory would pass the usable memory is marked.
+    ``other_limits`` adds ``(label, bytes)`` lines, e.g. the usable memory of a bigger GPU.
+    """
+    from matplotlib.figure import Figure
+
+    usable = capacity_bytes - outside_bytes
+    fig = Figure(figsize=(9, 4.8), dpi=110)  # not pyplot: no global state, shown only when displayed
+    ax = fig.subplots()
+    for label, steps in walks:
+        if not steps:
+            continue
+        total_params = steps[-1].moved_parameters or 1
+        x = [0.0] + [100.0 * s.moved_parameters / total_params for s in steps]
+        reserved = [0.0] + [s.reserved_bytes / GiB for s in steps]
+        allocated = [0.0] + [s.allocated_bytes / GiB for s in steps]
+        (line,) = ax.plot(x, reserved, label=f"{label}: reserved", linewidth=2)
+        ax.plot(x, allocated, linestyle="--", color=line.get_color(), label=f"{label}: allocated", linewidth=1)
+        failing = next(
+            (i for i, s in enumerate(steps) if s.reserved_bytes > usable),
+            None,
+        )
+        if failing is not None:
+            before = steps[failing - 1] if failing else None
+            fx = x[failing]  # the last point that fitted (x has a leading 0)
+            fy = (before.reserved_bytes if before else 0) / GiB
+            ax.plot([fx], [fy], marker="X", markersize=12, color=line.get_color(), linestyle="none")
+            ax.annotate(
+                f"OOM copying {steps[failing].name}\n(needs {format_size(steps[failing].tried_bytes)}, "
+                f"{fx:.0f}% moved)",
+                xy=(fx, fy), xytext=(10, -48), textcoords="offset points", fontsize=8,
+                color=line.get_color(), bbox={"boxstyle": "round", "fc": "white", "alpha": 0.85},
+            )
+    ax.axhline(capacity_bytes / GiB, color="black", linewidth=1.2,
+               label=f"total capacity {format_size(capacity_bytes)}")
+    ax.axhline(usable / GiB, color="crimson", linewidth=1.2, linestyle=":",
+               label=f"usable by PyTorch {format_size(usable)} (capacity - {format_size(outside_bytes)} outside)")
+    for label, limit_bytes in other_limits:
+        ax.axhline(limit_bytes / GiB, color="seagreen", linewidth=1.2, linestyle="-.", label=label)
+    ax.set_xlabel("parameters moved to the GPU (%)")
+    ax.set_ylabel("GiB on GPU 0")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlim(0, 100)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
