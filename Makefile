@@ -1,0 +1,32 @@
+# Two entry points: `make report` and `make test`. Both create .venv if missing and install everything,
+# torch pinned to the 2.13.0 CPU build first (a loose torch requirement would pull a multi-GB CUDA build).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.oomlab-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export MPLBACKEND := Agg
+
+.PHONY: install report test lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+report: install
+	$(PY) -m oomlab run
+
+lint: install
+	$(PY) -m ruff check lib tests notebooks
+
+test: install lint
+	$(PY) -m pytest
+
+clean:
+	rm -rf outputs/notebooks outputs/results outputs/report.html
