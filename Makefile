@@ -23,7 +23,7 @@ report: install
 	$(PY) -m oomlab run
 
 lint: install
-	$(PY) -m ruff check lib tests notebooks
+	$(PY) -m ruff check lib tests notebooks benchmarks
 
 test: install lint
 	$(PY) -m pytest

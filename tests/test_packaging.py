@@ -2,8 +2,8 @@
 
 import re
 import subprocess
-import tomllib
 
+import tomllib
 import yaml
 
 from oomlab.paths import REPO_ROOT

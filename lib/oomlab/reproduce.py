@@ -290,6 +290,7 @@ __all__ = [
     "OomlabError",
     "ReproduceResult",
     "compare_with_seed",
+    "facts",
     "reproduce",
     "seed_outside_bytes",
     "smallest_fitting_gpu",
@@ -364,3 +365,24 @@ def summarize(result: ReproduceResult, gpus: int = 1) -> str:
             f"device map divides the model, to {format_size(result.model_bytes // gpus)} of weights per GPU."
         )
     return "\n\n".join(lines)
+
+
+def facts(result: ReproduceResult) -> list[tuple[str, str]]:
+    """The result as (label, value) rows for display."""
+    ft = result.failing_tensor
+    rows = [("failing tensor", ft.name if ft else "none")]
+    if ft is not None:
+        rows += [
+            ("its shape and dtype", f"{list(ft.shape)} {ft.dtype}"),
+            ("its size / segment asked of cudaMalloc",
+             f"{format_size(ft.nbytes)} / {format_size(result.tried_bytes or 0)}"),
+        ]
+    return rows + [
+        ("moved before the failure" if ft else "moved",
+         f"{format_size(result.moved_bytes)} ({result.moved_fraction:.1%} of the parameters)"),
+        ("whole model (tensors)", f"{format_size(result.model_bytes)} ({result.model_parameters:,} parameters)"),
+        ("whole model (reserved by the allocator)", format_size(result.model_reserved_bytes)),
+        ("GPU capacity", format_size(result.total_bytes)),
+        ("memory outside PyTorch", f"{format_size(result.outside_pytorch_bytes)}: {result.outside_pytorch_source}"),
+        ("whole model fits one GPU", "yes" if result.fits else "no"),
+    ]
