@@ -133,6 +133,11 @@ def _model_from_dict(name: str, raw: dict[str, Any], source: str) -> ModelSpec:
         raise InvalidValueError(f"model config {source!r} lacks the field {err.args[0]!r}") from err
 
 
+def model_from_config(config: dict[str, Any], name: str) -> ModelSpec:
+    """A spec from ``config.json`` fields in memory (tiny test models, say)."""
+    return _model_from_dict(name, dict(config), f"<in-memory config {name}>")
+
+
 @cache
 def load_model(name_or_path: str) -> ModelSpec:
     """Load a shipped model spec by name (``llama-13b``) or a local ``config.json`` path."""
