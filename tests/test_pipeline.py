@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,10 @@ DEFAULTS = {
 def make_notebook(
     path: Path, title: str, body: list[str], parameters: str | None = None, results: bool = True
 ) -> Path:
-    """Write a notebook: an H1 cell, a parameters cell, a results cell, then ``body`` code cells."""
+    """Write a notebook: an H1 cell, a parameters cell, a results cell, then ``body`` cells.
+
+    ``body`` items are code, or markdown when they start with ``"md:"``.
+    """
     if parameters is None:
         parameters = 'model = "llama-13b"\ngpus = 1\nresults_path = ""\n'
     params_cell = nbformat.v4.new_code_cell(parameters)
@@ -54,7 +58,8 @@ def make_notebook(
         nbformat.v4.new_markdown_cell(f"# {title}\n\nWhat does this tiny notebook answer?"),
         params_cell,
         *([results_cell] if results else []),
-        *(nbformat.v4.new_code_cell(source) for source in body),
+        *(nbformat.v4.new_markdown_cell(source[3:]) if source.startswith("md:")
+          else nbformat.v4.new_code_cell(source) for source in body),
     ]
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -74,7 +79,7 @@ def good_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pipe
     root = tmp_path_factory.mktemp("good")
     notebooks, out = root / "notebooks", root / "outputs"
     notebooks.mkdir()
-    make_notebook(notebooks / "01_first-look.ipynb", "First look", ["## A figure", FIGURE])
+    make_notebook(notebooks / "01_first-look.ipynb", "First look", ["md:## A figure", FIGURE])
     make_notebook(notebooks / "02_second-look.ipynb", "Second look", ["print('hello')"],
                   parameters='gpus = 1\nresults_path = ""\nout_dir = ""\nmodel = "x"\n')
     make_notebook(notebooks / "explore.ipynb", "Explore", ["raise SystemError('never run')"])
@@ -298,17 +303,18 @@ def test_notebook_paths_numbered_in_order(tmp_path: Path) -> None:
 def test_run_pipeline_writes_executed_notebooks(good_run: tuple[Path, Path, PipelineResult]) -> None:
     """Each numbered notebook is executed into out_dir/notebooks under the same name; explore is not."""
     _, out, result = good_run
-    assert result.notebooks == (out / "notebooks" / "01_first-look.ipynb", out / "notebooks" / "02_second-look.ipynb")
-    assert all(p.is_file() for p in result.notebooks)
+    executed = out / "notebooks"
+    assert result.executed_paths == (executed / "01_first-look.ipynb", executed / "02_second-look.ipynb")
+    assert all(p.is_file() for p in result.executed_paths)
     assert not (out / "notebooks" / "explore.ipynb").exists()
 
 
 def test_run_pipeline_injects_declared_parameters(good_run: tuple[Path, Path, PipelineResult]) -> None:
     """Notebooks get the parameters their cell declares, the results path, and out_dir when declared."""
     _, out, result = good_run
-    assert result.results == (out / "results" / "01_first-look.json", out / "results" / "02_second-look.json")
-    assert read_results(result.results[0]) == {"model": "llama-7b", "gpus": 2, "title": "First look"}
-    injected = nbformat.read(result.notebooks[1], as_version=4).cells[2]
+    assert result.results_paths == (out / "results" / "01_first-look.json", out / "results" / "02_second-look.json")
+    assert read_results(result.results_paths[0]) == {"model": "llama-7b", "gpus": 2, "title": "First look"}
+    injected = nbformat.read(result.executed_paths[1], as_version=4).cells[2]
     assert "injected-parameters" in injected.metadata.tags
     assert f"out_dir = {str(out)!r}" in injected.source.replace('"', "'")
     assert "dtype" not in injected.source  # not declared by the notebook, so not injected
@@ -317,11 +323,21 @@ def test_run_pipeline_injects_declared_parameters(good_run: tuple[Path, Path, Pi
 def test_run_pipeline_writes_report(good_run: tuple[Path, Path, PipelineResult]) -> None:
     """Without 04_report.ipynb the report is rendered from the first notebook."""
     _, out, result = good_run
-    assert result.report == out / "report.html"
-    html = result.report.read_text()
+    assert result.report_path == out / "report.html"
+    html = result.report_path.read_text()
     assert "First look" in html
     assert "Second look" not in html
     assert result.seconds > 0
+
+
+def test_run_pipeline_report_is_self_contained(good_run: tuple[Path, Path, PipelineResult]) -> None:
+    """The pipeline's report embeds its figure, hides code, has a TOC, and loads nothing remote."""
+    html = good_run[2].report_path.read_text()
+    assert re.search(r'<img\b[^>]*\bsrc="data:image/png;base64,', html)
+    assert "write_results(" not in html
+    assert '<a href="#A-figure">A figure</a>' in html
+    for pattern in (r"<script\b[^>]*\bsrc=", r"<link\b[^>]*href=\"?https?:", r"@import", r"unpkg|cdnjs|jsdelivr"):
+        assert not re.search(pattern, html, re.IGNORECASE), pattern
 
 
 def test_run_pipeline_prefers_report_notebook(tmp_path: Path) -> None:
@@ -331,7 +347,7 @@ def test_run_pipeline_prefers_report_notebook(tmp_path: Path) -> None:
     make_notebook(notebooks / "01_a.ipynb", "Notebook A", [])
     make_notebook(notebooks / "04_report.ipynb", "The report", [])
     result = run_pipeline({}, out_dir=tmp_path / "out", notebooks_dir=notebooks, progress=False)
-    assert "<title>The report</title>" in result.report.read_text()
+    assert "<title>The report</title>" in result.report_path.read_text()
 
 
 def test_failing_notebook_raises_pipeline_error(tmp_path: Path) -> None:
@@ -387,3 +403,27 @@ def test_no_numbered_notebooks(tmp_path: Path) -> None:
     """An empty notebooks folder is an error, not an empty report."""
     with pytest.raises(PipelineError, match=r"^no numbered notebooks \(NN_\*\.ipynb\) in "):
         run_pipeline({}, out_dir=tmp_path / "out", notebooks_dir=tmp_path, progress=False)
+
+
+def test_report_that_would_fetch_fails_the_run(tmp_path: Path) -> None:
+    """A report needing the network fails the run as a PipelineError and keeps the old report."""
+    notebooks, out = tmp_path / "notebooks", tmp_path / "out"
+    notebooks.mkdir()
+    make_notebook(notebooks / "01_remote.ipynb", "Remote", ["md:![plot](https://example.com/p.png)"])
+    out.mkdir()
+    (out / "report.html").write_bytes(b"old")
+    with pytest.raises(PipelineError, match=r"^rendering the report from .*01_remote\.ipynb failed: the report"):
+        run_pipeline({}, out_dir=out, notebooks_dir=notebooks, progress=False)
+    assert (out / "report.html").read_bytes() == b"old"
+
+
+def test_dead_kernel_raises_pipeline_error(tmp_path: Path) -> None:
+    """A kernel that dies mid-cell is reported like a failing cell."""
+    notebooks, out = tmp_path / "notebooks", tmp_path / "out"
+    notebooks.mkdir()
+    make_notebook(notebooks / "01_dies.ipynb", "Dies", ["import os\nos._exit(1)"])
+    with pytest.raises(PipelineError) as info:
+        run_pipeline({}, out_dir=out, notebooks_dir=notebooks, progress=False, cell_timeout=30)
+    assert str(info.value).startswith("notebook 01_dies.ipynb failed at cell 3 ('import os'): DeadKernelError")
+    dying_cell = nbformat.read(out / "notebooks" / "01_dies.ipynb", as_version=4).cells[-1]
+    assert dying_cell.outputs[-1].ename == "DeadKernelError"

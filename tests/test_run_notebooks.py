@@ -29,7 +29,7 @@ def test_report_holds_the_reproduced_message_beside_the_seed(seed_run) -> None:
     out, result = seed_run
     html = (out / "report.html").read_text()
     assert "Tried to allocate 136.00 MiB (GPU 0; 14.75 GiB total capacity; 14.16 GiB already allocated" in html
-    assert "user&#x27;s message (seed)" in html
+    assert "user's message (seed)" in html
     assert "data:image/png;base64," in html
     assert (out / "notebooks" / "01_reproduce_oom.ipynb").is_file()
 

@@ -24,7 +24,7 @@ from typing import Any
 from oomlab import paths
 from oomlab.allocator import MESSAGE_FORMATS
 from oomlab.errors import InvalidValueError, OomlabError
-from oomlab.report import render_report, write_text_atomic
+from oomlab.report import ReportError, render_report, write_text_atomic
 from oomlab.reproduce import DEVICES
 from oomlab.specs import load_dtype, load_gpu, load_model
 
@@ -229,9 +229,9 @@ class PipelineError(RuntimeError):
 class PipelineResult:
     """What one pipeline run produced."""
 
-    notebooks: tuple[Path, ...]  # executed copies, in run order
-    results: tuple[Path, ...]  # each notebook's results JSON, same order
-    report: Path
+    executed_paths: tuple[Path, ...]  # executed copies of the notebooks, in run order
+    results_paths: tuple[Path, ...]  # each notebook's results JSON, same order
+    report_path: Path
     seconds: float  # wall time of the whole run
 
 
@@ -270,8 +270,8 @@ def _failing_cell(executed: Path) -> tuple[int, str] | None:
     return started
 
 
-def _mark_timeout(executed: Path, error: str) -> None:
-    """Record a timeout in the kept notebook as an error output on the cell that was running."""
+def _mark_interrupted(executed: Path, error: str) -> None:
+    """Record a timeout or dead kernel in the kept notebook, as an error output on the running cell."""
     import nbformat
 
     try:
@@ -321,10 +321,12 @@ def _run_notebook(notebook: Path, executed: Path, params: dict[str, Any], result
     except CellTimeoutError as err:
         # nbclient raises this past execution_timeout; papermill passes it through unwrapped.
         error = f"CellTimeoutError: cell execution timed out after {cell_timeout} s"
-        _mark_timeout(executed, error)
+        _mark_interrupted(executed, error)
         raise _failure(notebook, executed, error) from err
     except DeadKernelError as err:
-        raise _failure(notebook, executed, f"DeadKernelError: {err}") from err
+        error = f"DeadKernelError: {err}"
+        _mark_interrupted(executed, error)
+        raise _failure(notebook, executed, error) from err
 
 
 def run_pipeline(
@@ -359,5 +361,8 @@ def run_pipeline(
         executed_paths.append(executed)
         results_paths.append(results_path)
     source = next((p for p in executed_paths if p.name == REPORT_NOTEBOOK), executed_paths[0])
-    report = render_report(source, out_dir / REPORT_NAME)
+    try:
+        report = render_report(source, out_dir / REPORT_NAME)
+    except ReportError as err:
+        raise PipelineError(f"rendering the report from {source} failed: {err}") from err
     return PipelineResult(tuple(executed_paths), tuple(results_paths), report, time.perf_counter() - start)

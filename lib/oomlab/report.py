@@ -31,18 +31,20 @@ DISPLAY_PRIORITY = (
 )
 
 # What a browser would fetch on opening the page.  <a href> links are not fetched and are allowed.
-_REMOTE = r"""\s*=\s*["']?\s*(?:https?:)?//"""
+_URL = r"""[^\s"'<>)]*"""  # the rest of the address, so the error shows what would be fetched
+_REMOTE = r"""\s*=\s*["']?\s*(?:https?:)?//""" + _URL
 NETWORK_PATTERNS = (
-    re.compile(r"<script\b[^>]*\bsrc\s*=", re.IGNORECASE),
+    re.compile(r"""<script\b[^>]*\bsrc\s*=\s*["']?""" + _URL, re.IGNORECASE),
     re.compile(r"<link\b[^>]*\bhref" + _REMOTE, re.IGNORECASE),
     re.compile(r"<(?:img|iframe|audio|video|source|track|embed|input)\b[^>]*\b(?:src|srcset)" + _REMOTE,
                re.IGNORECASE),
     re.compile(r"<object\b[^>]*\bdata" + _REMOTE, re.IGNORECASE),
     re.compile(r"\bxlink:href" + _REMOTE, re.IGNORECASE),
-    re.compile(r"@import\b", re.IGNORECASE),
-    re.compile(r"url\(\s*[\"']?\s*(?:https?:)?//", re.IGNORECASE),
-    re.compile(r"\bimport\(\s*[\"'](?:https?:)?//", re.IGNORECASE),
-    re.compile(r"cdnjs\.cloudflare\.com|cdn\.jsdelivr\.net|unpkg\.com|fonts\.googleapis\.com", re.IGNORECASE),
+    re.compile(r"""@import\b\s*(?:url\()?\s*["']?""" + _URL, re.IGNORECASE),
+    re.compile(r"""url\(\s*["']?\s*(?:https?:)?//""" + _URL, re.IGNORECASE),
+    re.compile(r"""\bimport\(\s*["'](?:https?:)?//""" + _URL, re.IGNORECASE),
+    re.compile(r"(?:cdnjs\.cloudflare\.com|cdn\.jsdelivr\.net|unpkg\.com|fonts\.googleapis\.com)" + _URL,
+               re.IGNORECASE),
 )
 
 
@@ -131,6 +133,8 @@ def render_html(executed_notebook: str | os.PathLike[str], title: str | None = N
     nb = nbformat.read(path, as_version=4)
     title = title or _title(nb, path.stem)
     nb.metadata["title"] = title
+    # Inputs are hidden, so a code cell without outputs would only leave an empty box.
+    nb.cells = [c for c in nb.cells if c.cell_type != "code" or c.get("outputs")]
     config = Config({"NbConvertBase": {"display_data_priority": list(DISPLAY_PRIORITY)}})
     exporter = HTMLExporter(
         config=config,
