@@ -173,7 +173,8 @@ def test_render_new_format() -> None:
 
 def test_render_unknown_format() -> None:
     """An unknown format lists the known ones."""
-    with pytest.raises(UnknownNameError, match=r"unknown message format 'torch3'; known: torch<=2.0, torch>=2.1"):
+    expected = r"unknown message format 'torch3'; known: new, old, torch<=2.0, torch>=2.1"
+    with pytest.raises(UnknownNameError, match=expected):
         render_oom_message(SNAP, "torch3")
 
 
@@ -232,3 +233,13 @@ def test_rounding_invariants(size: int) -> None:
     assert segment >= rounded and segment % (2 * MiB) == 0
     if rounded >= 10 * MiB:
         assert segment - rounded < 2 * MiB
+
+
+@pytest.mark.parametrize(
+    ("name", "canonical"), [("old", "torch<=2.0"), ("new", "torch>=2.1"), ("torch>=2.1", "torch>=2.1")]
+)
+def test_message_format_aliases(name: str, canonical: str) -> None:
+    """Short names (usable as papermill parameter defaults, which cannot contain '=') map to the formats."""
+    from oomlab.allocator import canonical_message_format
+
+    assert canonical_message_format(name) == canonical

@@ -32,7 +32,7 @@ DEFAULTS = {
     "gpus": 4,
     "non_pytorch_mib": None,
     "device": "auto",
-    "message_format": "torch<=2.0",
+    "message_format": "old",
 }
 
 
@@ -141,7 +141,7 @@ def test_pair_is_converted_to_declared_type(pair: str, key: str, expected: objec
         (["non_pytorch_mib=inf"], "parameter 'non_pytorch_mib' must be a finite number, got inf"),
         (["device=tpu"], "parameter 'device' must be one of auto, simulated, cuda; got 'tpu'"),
         (["message_format=torch3"],
-         "parameter 'message_format' must be one of torch<=2.0, torch>=2.1; got 'torch3'"),
+         "parameter 'message_format' must be one of torch<=2.0, torch>=2.1, old, new; got 'torch3'"),
         (["gpu=h9000"], f"parameter 'gpu': unknown GPU 'h9000'; known: {', '.join(known_gpus())}"),
         (["model=gpt-5"], "parameter 'model': unknown model 'gpt-5'; known: "
          f"{', '.join(known_models())} (or give a path to a config.json)"),

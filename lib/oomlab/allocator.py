@@ -40,6 +40,17 @@ K_MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc: allocations between 1 and 10 MiB
 K_ROUND_LARGE = 2 * MiB  # kRoundLarge: round up large allocations to 2 MiB
 
 MESSAGE_FORMATS = ("torch<=2.0", "torch>=2.1")
+# Short names without "=": papermill cannot read a parameters-cell default that contains "=".
+MESSAGE_FORMAT_ALIASES = {"old": "torch<=2.0", "new": "torch>=2.1"}
+MESSAGE_FORMAT_NAMES = (*MESSAGE_FORMATS, *MESSAGE_FORMAT_ALIASES)
+
+
+def canonical_message_format(name: str) -> str:
+    """``"old"``/``"torch<=2.0"`` → ``"torch<=2.0"``; ``"new"``/``"torch>=2.1"`` → ``"torch>=2.1"``."""
+    key = MESSAGE_FORMAT_ALIASES.get(str(name).strip(), str(name).strip())
+    if key not in MESSAGE_FORMATS:
+        raise UnknownNameError("message format", name, MESSAGE_FORMAT_NAMES)
+    return key
 
 _OLD_HINT = (
     " If reserved memory is >> allocated memory try setting max_split_size_mb to avoid"
@@ -168,6 +179,7 @@ class SimulatedOutOfMemory(Exception):
 
 def render_oom_message(snap: OOMSnapshot, message_format: str = "torch<=2.0") -> str:
     """The ``CUDA out of memory`` message PyTorch prints, in the ≤2.0 or the ≥2.1 format."""
+    message_format = canonical_message_format(message_format)
     if message_format == "torch<=2.0":
         allowed = f"{format_size(snap.allowed_bytes)} allowed; " if snap.allowed_bytes is not None else ""
         return (
@@ -192,7 +204,7 @@ def render_oom_message(snap: OOMSnapshot, message_format: str = "torch<=2.0") ->
             f"{format_size(snap.reserved_bytes - snap.allocated_bytes)} is reserved by PyTorch but "
             f"unallocated." + _NEW_HINT
         )
-    raise UnknownNameError("message format", message_format, MESSAGE_FORMATS)
+    raise AssertionError(message_format)  # pragma: no cover - canonical_message_format checked it
 
 
 class CachingAllocator:
@@ -221,8 +233,7 @@ class CachingAllocator:
             )
         if memory_fraction is not None and not 0.0 < memory_fraction <= 1.0:
             raise InvalidValueError(f"invalid memory fraction {memory_fraction}; must be in (0, 1]")
-        if message_format not in MESSAGE_FORMATS:
-            raise UnknownNameError("message format", message_format, MESSAGE_FORMATS)
+        message_format = canonical_message_format(message_format)
         self.capacity_bytes = capacity_bytes
         self.outside_bytes = outside_bytes
         self.device_index = device_index

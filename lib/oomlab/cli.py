@@ -36,7 +36,7 @@ def _nonnegative_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from oomlab.allocator import MESSAGE_FORMATS
+    from oomlab.allocator import MESSAGE_FORMAT_NAMES
     from oomlab.reproduce import DEVICES
 
     parser = _Parser(prog="python -m oomlab", description=__doc__.splitlines()[0])
@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory held outside PyTorch on the GPU, MiB (default: derived from the seed's message)",
     )
     rep.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda if available, else simulated")
-    rep.add_argument("--message-format", choices=MESSAGE_FORMATS, default=None,
-                     help="OOM message format of the simulated device (default torch<=2.0, the seed's)")
+    rep.add_argument("--message-format", choices=MESSAGE_FORMAT_NAMES, default=None,
+                     help="OOM message format of the simulated device: old = torch<=2.0 (default, the seed's), "
+                     "new = torch>=2.1")
     rep.add_argument("--json", action="store_true", help="print the result as JSON")
 
     run = sub.add_parser("run", help="run the notebooks with papermill and render outputs/report.html")

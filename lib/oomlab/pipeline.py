@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from oomlab import paths
-from oomlab.allocator import MESSAGE_FORMATS
+from oomlab.allocator import MESSAGE_FORMAT_NAMES
 from oomlab.errors import InvalidValueError, OomlabError
 from oomlab.report import ReportError, render_report, write_text_atomic
 from oomlab.reproduce import DEVICES
@@ -60,8 +60,8 @@ PARAMETERS: dict[str, Param] = {
         Param("non_pytorch_mib", float, None, "MiB held on the GPU outside PyTorch (None: measured/default)",
               minimum=0),
         Param("device", str, "auto", "where to reproduce the failure", choices=DEVICES),
-        Param("message_format", str, "torch<=2.0", "which PyTorch OOM message to print",
-              choices=MESSAGE_FORMATS),
+        Param("message_format", str, "old", "which PyTorch OOM message to print (old = torch<=2.0, new = torch>=2.1)",
+              choices=MESSAGE_FORMAT_NAMES),
     )
 }
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any
 
-from oomlab.allocator import MESSAGE_FORMATS, CachingAllocator
+from oomlab.allocator import CachingAllocator, canonical_message_format
 from oomlab.apply_walk import SimulatedCudaMode, WalkStep, tensor_names
 from oomlab.errors import InvalidValueError, OomlabError, UnknownNameError
 from oomlab.modeling import build_meta_model, tensor_nbytes
@@ -150,8 +150,7 @@ def validate(
     gpu_spec = load_gpu(gpu)
     if device not in DEVICES:
         raise UnknownNameError("device", device, DEVICES)
-    if message_format not in MESSAGE_FORMATS:
-        raise UnknownNameError("message format", message_format, MESSAGE_FORMATS)
+    canonical_message_format(message_format)
     if non_pytorch_mib is not None:
         capacity_mib = gpu_spec.total_memory_bytes / MiB
         if not 0 <= non_pytorch_mib < capacity_mib:
@@ -183,8 +182,8 @@ def reproduce(
     by default the figure derived from the seed's message (:func:`seed_outside_bytes`).
     ``message_format`` defaults to the seed's (``"torch<=2.0"``) when simulated.
     """
-    fmt = message_format or "torch<=2.0"
-    spec, dt, gpu_spec = validate(model, dtype, gpu, non_pytorch_mib, device, fmt)
+    spec, dt, gpu_spec = validate(model, dtype, gpu, non_pytorch_mib, device, message_format or "old")
+    fmt = canonical_message_format(message_format or "old")
     if non_pytorch_mib is None:
         outside = seed_outside_bytes()
         outside_source = (
