@@ -1,0 +1,392 @@
+"""The analytic training-memory budget: bytes per GPU, component by component, phase by phase.
+
+One optimizer step in steady state (the optimizer state already exists, gradients are set to ``None``
+after each step) is split into three phases; the peak is the largest phase total, not a sum of maxima:
+
+* ``forward``: weights, optimizer state, everything saved for backward, the logits and the loss;
+* ``backward``: at its start (saved tensors still held, loss gradients appear) or at its end
+  (every gradient held, activations freed), whichever is larger;
+* ``optimizer``: weights, gradients, optimizer state and the optimizer's temporaries.
+
+Sources of the terms (each in its own function below):
+ZeRO (Rajbhandari et al. 2020, sec. 3.1): mixed-precision Adam keeps 16 bytes per parameter (2 half
+weights + 2 half gradients + 12 fp32 master weights, momentum and variance), and stages 1/2/3 divide
+the optimizer state / + gradients / + weights by the data-parallel degree.  QLoRA (Dettmers et al.
+2023, sec. 3): NF4 with double quantization stores 4.127 bits per parameter.  Activations: what
+transformers saves, see :mod:`oomlab.activations` (not Korthikanti et al. 2022's GPT formula).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from oomlab import activations as act
+from oomlab.errors import UnknownNameError
+from oomlab.training import DEFAULT_LORA_TARGETS, Method, Optimizer, Precision, Strategy, TrainingSetup, make_setup
+from oomlab.units import MiB
+
+NF4_DQ_BITS = 4.127  # QLoRA paper: NF4 weights, 64-blocks, fp8 second-level absmax (double quantization)
+ADAM8_BLOCK = 256  # bitsandbytes 8-bit optimizers: one fp32 absmax per block of 256 values
+ADAM8_MIN_SIZE = 4096  # bitsandbytes keeps 32-bit state for tensors with fewer elements (min_8bit_size)
+SOURCES = ("analytic", "traced")
+ALLOCATOR_FRAGMENTATION = 0.05  # NB: reserved-but-unallocated share of transient memory (assumption)
+
+
+class MemCategory(enum.Enum):
+    """Where a GPU byte goes during a training step."""
+
+    WEIGHTS = "weights"  # parameters held on the GPU (the fp32 weights under torch autocast)
+    GRADIENTS = "gradients"  # .grad of the trained parameters (sharded where the strategy shards them)
+    MASTER_WEIGHTS = "master weights"  # a separate fp32 copy of half weights (DeepSpeed ZeRO-style mixed)
+    OPTIMIZER_STATE = "optimizer state"  # Adam moments / SGD momentum / 8-bit states
+    ACTIVATIONS = "activations"  # tensors the decoder layers save for backward
+    LOGITS_LOSS = "logits and loss"  # the (tokens x vocab) logits, their fp32 copies and gradients
+    WORKSPACE = "transient workspace"  # autocast weight copies, FSDP all-gathers, DDP buckets, optimizer temps
+    OUTSIDE_PYTORCH = "outside PyTorch"  # CUDA context, cuBLAS/NCCL workspaces: not in memory_allocated
+    ALLOCATOR_OVERHEAD = "allocator overhead"  # reserved but not allocated: rounding and fragmentation
+
+
+class Phase(enum.Enum):
+    """The phases of a step whose maximum is the step's peak."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+ALLOCATED = (MemCategory.WEIGHTS, MemCategory.GRADIENTS, MemCategory.MASTER_WEIGHTS, MemCategory.OPTIMIZER_STATE,
+             MemCategory.ACTIVATIONS, MemCategory.LOGITS_LOSS, MemCategory.WORKSPACE)
+
+
+@dataclass(frozen=True)
+class BudgetResult:
+    """Per-GPU memory of one training step."""
+
+    setup: TrainingSetup = field(repr=False)
+    source: str  # "analytic" or "traced"
+    peak_phase: Phase
+    phases: Mapping[Phase, Mapping[MemCategory, int]]  # allocated components per phase
+    components: Mapping[MemCategory, int]  # at the peak, with outside-PyTorch and allocator overhead
+    host_ram_bytes: int
+    capacity_bytes: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def allocated_peak_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_allocated`` would report."""
+        return sum(v for k, v in self.components.items() if k in ALLOCATED)
+
+    @property
+    def per_gpu_peak_bytes(self) -> int:
+        """What nvidia-smi would show at the peak: allocated + allocator overhead + outside PyTorch."""
+        return sum(self.components.values())
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.per_gpu_peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.headroom_bytes >= 0
+
+    @property
+    def breaking_component(self) -> MemCategory:
+        """The largest component at the peak."""
+        return max(self.components, key=lambda k: self.components[k])
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.setup
+        return {
+            "source": self.source,
+            "model": s.model.name, "gpu": s.gpu.name, "gpus": s.gpus, "nodes": s.nodes,
+            "strategy": s.strategy.value, "method": s.method.value, "precision": s.precision.value,
+            "optimizer": s.optimizer.value, "batch": s.batch, "seq": s.seq, "checkpointing": s.checkpointing,
+            "attention": s.attention.value, "lora_rank": s.lora_rank, "lora_targets": list(s.lora_targets),
+            "per_gpu_peak_bytes": self.per_gpu_peak_bytes, "allocated_peak_bytes": self.allocated_peak_bytes,
+            "peak_phase": self.peak_phase.value,
+            "components": {k.value: v for k, v in self.components.items()},
+            "phases": {p.value: {k.value: v for k, v in comps.items()} for p, comps in self.phases.items()},
+            "host_ram_bytes": self.host_ram_bytes, "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits, "headroom_bytes": self.headroom_bytes, "notes": list(self.notes),
+        }
+
+
+# ------------------------------------------------------------------------------------- parameters
+
+
+def lora_parameters(setup: TrainingSetup) -> int:
+    """Adapter parameters: ``r * (in + out)`` per targeted projection per layer (Hu et al. 2021)."""
+    spec = setup.model
+    h, i = spec.hidden_size, spec.intermediate_size
+    qd = spec.num_attention_heads * spec.head_dim
+    kvd = spec.num_key_value_heads * spec.head_dim
+    dims = {"q_proj": (h, qd), "k_proj": (h, kvd), "v_proj": (h, kvd), "o_proj": (qd, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    per_layer = sum(setup.lora_rank * sum(dims[t]) for t in setup.lora_targets)
+    return spec.num_hidden_layers * per_layer
+
+
+def trainable_parameters(setup: TrainingSetup) -> int:
+    return setup.model.num_parameters if setup.method is Method.FULL else lora_parameters(setup)
+
+
+def matmul_parameters(setup: TrainingSetup) -> int:
+    """Parameters of the decoder layers' projection matrices (what QLoRA quantizes)."""
+    return setup.model.num_hidden_layers * act.layer_matmul_params(setup)
+
+
+def _half_weights(setup: TrainingSetup) -> bool:
+    """Are the (base) weights stored in half precision?"""
+    if setup.precision in (Precision.FP16, Precision.BF16):
+        return True
+    mixed = setup.precision in (Precision.FP16_MIXED, Precision.BF16_MIXED)
+    deepspeed = setup.strategy in (Strategy.ZERO1, Strategy.ZERO2)
+    return mixed and (setup.method is not Method.FULL or deepspeed)
+
+
+def weight_bytes_total(setup: TrainingSetup) -> int:
+    """All parameters' bytes on one full replica (before sharding)."""
+    n = setup.model.num_parameters
+    adapters = 4 * lora_parameters(setup) if setup.method is not Method.FULL else 0  # fp32 adapters (peft)
+    if setup.method is Method.QLORA:
+        quantized = matmul_parameters(setup)
+        packed = round(quantized * NF4_DQ_BITS / 8)
+        return packed + 2 * (n - quantized) + adapters
+    return (2 if _half_weights(setup) else 4) * n + adapters
+
+
+def shards(setup: TrainingSetup) -> int:
+    return setup.world_size
+
+
+def weights_on_gpu(setup: TrainingSetup) -> int:
+    """Persistent weights per GPU."""
+    total = weight_bytes_total(setup)
+    if setup.strategy is Strategy.FSDP:
+        return -(-total // shards(setup))
+    if setup.strategy is Strategy.FSDP_OFFLOAD:
+        return 0
+    return total
+
+
+def grad_bytes_per_param(setup: TrainingSetup) -> int:
+    """Gradients have their parameter's dtype (fp32 adapters, fp32 weights under autocast)."""
+    if setup.method is Method.FULL and _half_weights(setup):
+        return 2
+    return 4
+
+
+def gradients_on_gpu(setup: TrainingSetup) -> int:
+    total = grad_bytes_per_param(setup) * trainable_parameters(setup)
+    if setup.strategy in (Strategy.ZERO2, Strategy.FSDP):
+        return -(-total // shards(setup))
+    if setup.strategy is Strategy.FSDP_OFFLOAD:
+        return 0
+    return total
+
+
+def master_weight_bytes(setup: TrainingSetup) -> int:
+    """DeepSpeed-style mixed precision keeps fp32 master weights beside the half ones (ZeRO: 4 B/param)."""
+    deepspeed = setup.strategy in (Strategy.ZERO1, Strategy.ZERO2)
+    mixed = setup.precision in (Precision.FP16_MIXED, Precision.BF16_MIXED)
+    if not (deepspeed and mixed and setup.method is Method.FULL):
+        return 0
+    return -(-4 * trainable_parameters(setup) // shards(setup))
+
+
+def optimizer_state_bytes_total(setup: TrainingSetup) -> int:
+    """Optimizer state of every trained parameter, unsharded."""
+    p = trainable_parameters(setup)
+    state_dtype = grad_bytes_per_param(setup) if setup.strategy not in (Strategy.ZERO1, Strategy.ZERO2) else 4
+    if setup.optimizer is Optimizer.ADAMW:
+        return 2 * state_dtype * p  # exp_avg, exp_avg_sq like the parameter
+    if setup.optimizer is Optimizer.SGD:
+        return state_dtype * p  # momentum_buffer
+    # bitsandbytes AdamW8bit: two uint8 states + one fp32 absmax per 256 values each; small tensors 32-bit
+    small = _small_tensor_parameters(setup)
+    return round(2 * (p - small) * (1 + 4 / ADAM8_BLOCK)) + 8 * small
+
+
+def _small_tensor_parameters(setup: TrainingSetup) -> int:
+    """Trained parameters in tensors under bitsandbytes' min_8bit_size (kept in 32-bit state)."""
+    spec = setup.model
+    if setup.method is Method.FULL:
+        return (2 * spec.num_hidden_layers + 1) * spec.hidden_size  # the RMSNorm weights
+    small = 0
+    h, i = spec.hidden_size, spec.intermediate_size
+    qd = spec.num_attention_heads * spec.head_dim
+    kvd = spec.num_key_value_heads * spec.head_dim
+    dims = {"q_proj": (h, qd), "k_proj": (h, kvd), "v_proj": (h, kvd), "o_proj": (qd, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    for t in setup.lora_targets:
+        for n in dims[t]:
+            if setup.lora_rank * n < ADAM8_MIN_SIZE:
+                small += setup.lora_rank * n
+    return spec.num_hidden_layers * small
+
+
+def optimizer_on_gpu(setup: TrainingSetup) -> int:
+    total = optimizer_state_bytes_total(setup)
+    if setup.strategy in (Strategy.ZERO1, Strategy.ZERO2, Strategy.FSDP):
+        return -(-total // shards(setup))
+    if setup.strategy is Strategy.FSDP_OFFLOAD:
+        return 0
+    return total
+
+
+def optimizer_temp_bytes(setup: TrainingSetup) -> int:
+    """foreach AdamW's ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``: one state-sized temporary.
+
+    NB: SGD and the 8-bit optimizer update in place (no temporary of that size); offloaded states step on
+    the host.
+    """
+    if setup.optimizer is not Optimizer.ADAMW or setup.strategy is Strategy.FSDP_OFFLOAD:
+        return 0
+    return optimizer_on_gpu(setup) // 2
+
+
+# ------------------------------------------------------------------------------------ workspaces
+
+
+def ddp_bucket_bytes(setup: TrainingSetup) -> int:
+    """DDP's reducer keeps flat gradient buckets as large as the gradients (gradient_as_bucket_view=False)."""
+    if setup.strategy is not Strategy.DDP or setup.world_size == 1:
+        return 0
+    return grad_bytes_per_param(setup) * trainable_parameters(setup)
+
+
+def fsdp_gather_bytes(setup: TrainingSetup) -> int:
+    """FSDP all-gathers one decoder layer's parameters at a time, plus the next one prefetched."""
+    if setup.strategy not in (Strategy.FSDP, Strategy.FSDP_OFFLOAD):
+        return 0
+    layer = weight_bytes_total(setup) // max(1, setup.model.num_hidden_layers + 2)
+    return 2 * layer
+
+
+def logits_bytes(setup: TrainingSetup) -> dict[str, int]:
+    """The (tokens x vocab) tensors of the LM head and the loss (transformers' ForCausalLMLoss)."""
+    tv = act.tokens(setup) * setup.model.vocab_size
+    c = 4 if setup.precision is Precision.FP32 else 2
+    return {
+        "logits": c * tv,  # lm_head output, held by the model output
+        "fp32 copy": 0 if c == 4 else 4 * tv,  # logits.float() inside the loss
+        "log_softmax": 4 * tv,  # saved by cross_entropy for backward
+        "grad": 4 * tv,  # d loss / d log_softmax and d log_softmax / d logits, one at a time
+    }
+
+
+# ---------------------------------------------------------------------------------------- phases
+
+
+def _phases(setup: TrainingSetup) -> dict[Phase, dict[MemCategory, int]]:
+    w = weights_on_gpu(setup)
+    g = gradients_on_gpu(setup)
+    m = master_weight_bytes(setup)
+    o = optimizer_on_gpu(setup)
+    saved = act.saved_activation_bytes(setup)
+    loss_saved = act.tokens(setup) * (4 * setup.model.vocab_size + act.INDEX)
+    layer_acts = saved - loss_saved
+    copies = act.autocast_copy_bytes(setup)
+    buckets = ddp_bucket_bytes(setup)
+    gather = fsdp_gather_bytes(setup)
+    lg = logits_bytes(setup)
+    recompute = act.layer_activation_bytes(setup) + act.layer_fixed_bytes(setup) if setup.checkpointing else 0
+    forward = {
+        MemCategory.WEIGHTS: w, MemCategory.MASTER_WEIGHTS: m, MemCategory.OPTIMIZER_STATE: o,
+        MemCategory.ACTIVATIONS: layer_acts,
+        MemCategory.LOGITS_LOSS: lg["logits"] + lg["fp32 copy"] + lg["log_softmax"],
+        MemCategory.WORKSPACE: copies + buckets + gather,
+    }
+    backward_start = {
+        MemCategory.WEIGHTS: w, MemCategory.MASTER_WEIGHTS: m, MemCategory.OPTIMIZER_STATE: o,
+        MemCategory.ACTIVATIONS: layer_acts + recompute,
+        MemCategory.LOGITS_LOSS: lg["logits"] + lg["log_softmax"] + 2 * lg["grad"],
+        MemCategory.WORKSPACE: copies + buckets + gather,
+    }
+    backward_end = {
+        MemCategory.WEIGHTS: w, MemCategory.MASTER_WEIGHTS: m, MemCategory.OPTIMIZER_STATE: o,
+        MemCategory.GRADIENTS: g, MemCategory.WORKSPACE: buckets + gather,
+    }
+    backward = max(backward_start, backward_end, key=lambda d: sum(d.values()))
+    optimizer = {
+        MemCategory.WEIGHTS: w, MemCategory.MASTER_WEIGHTS: m, MemCategory.OPTIMIZER_STATE: o,
+        MemCategory.GRADIENTS: g, MemCategory.WORKSPACE: buckets + optimizer_temp_bytes(setup),
+    }
+    return {Phase.FORWARD: forward, Phase.BACKWARD: backward, Phase.OPTIMIZER: optimizer}
+
+
+def host_ram_bytes(setup: TrainingSetup) -> int:
+    """Host memory per node: offloaded states, plus one copy of the weights per process while loading.
+
+    NB: loading assumes each process materialises its replica once on the host (transformers'
+    from_pretrained); FSDP/ZeRO-3 loaders that load on rank 0 only need less.
+    """
+    per_process_load = weight_bytes_total(setup)
+    offloaded = 0
+    if setup.strategy is Strategy.FSDP_OFFLOAD:
+        p = trainable_parameters(setup)
+        offloaded = (weight_bytes_total(setup) + grad_bytes_per_param(setup) * p
+                     + optimizer_state_bytes_total(setup)) // setup.nodes
+    return setup.gpus * per_process_load + offloaded
+
+
+def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None) -> BudgetResult:
+    """The analytic budget of one validated setup."""
+    from oomlab.reproduce import seed_outside_bytes
+
+    phases = _phases(setup)
+    peak_phase = max(phases, key=lambda p: sum(phases[p].values()))
+    at_peak = {k: v for k, v in phases[peak_phase].items() if v}
+    persistent = weights_on_gpu(setup) + optimizer_on_gpu(setup) + master_weight_bytes(setup)
+    transient = sum(at_peak.values()) - persistent
+    outside = seed_outside_bytes() if outside_bytes is None else outside_bytes
+    components = dict(at_peak)
+    components[MemCategory.ALLOCATOR_OVERHEAD] = round(ALLOCATOR_FRAGMENTATION * transient) + 2 * MiB
+    components[MemCategory.OUTSIDE_PYTORCH] = outside
+    notes = (
+        "steady-state step: optimizer state exists from the previous step; gradients set to None after it",
+        f"outside PyTorch: {outside} bytes (CUDA context; default derived from the seed's T4 message)",
+        f"allocator overhead: {ALLOCATOR_FRAGMENTATION:.0%} of transient bytes + 2 MiB (assumption)",
+    )
+    return BudgetResult(
+        setup=setup, source="analytic", peak_phase=peak_phase,
+        phases=MappingProxyType({p: MappingProxyType(c) for p, c in phases.items()}),
+        components=MappingProxyType(components), host_ram_bytes=host_ram_bytes(setup),
+        capacity_bytes=setup.gpu.total_memory_bytes, notes=notes,
+    )
+
+
+def estimate(
+    model: str = "llama-13b",
+    gpu: str = "t4",
+    gpus: int = 1,
+    nodes: int = 1,
+    strategy: str = "single",
+    method: str = "full",
+    precision: str = "fp16-mixed",
+    optimizer: str = "adamw",
+    batch: int = 1,
+    seq: int = 2048,
+    checkpointing: bool = False,
+    attention: str = "sdpa",
+    lora_rank: int = 8,
+    lora_alpha: int = 16,
+    lora_targets: Sequence[str] | str = DEFAULT_LORA_TARGETS,
+    source: str = "analytic",
+    outside_bytes: int | None = None,
+) -> BudgetResult:
+    """Per-GPU memory of one training step of ``model`` on ``gpus`` × ``gpu`` (see :func:`make_setup`)."""
+    if source not in SOURCES:
+        raise UnknownNameError("source", source, SOURCES)
+    setup = make_setup(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
+                       precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,
+                       attention=attention, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)
+    if source == "analytic":
+        return estimate_setup(setup, outside_bytes)
+    from oomlab.trace import traced_budget
+
+    return traced_budget(setup, outside_bytes)
