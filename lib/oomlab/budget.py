@@ -239,11 +239,15 @@ def optimizer_on_gpu(setup: TrainingSetup) -> int:
 
 
 def optimizer_temp_bytes(setup: TrainingSetup) -> int:
-    """foreach AdamW's ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``: one state-sized temporary.
+    """Temporaries of the optimizer step.
 
-    NB: SGD and the 8-bit optimizer update in place (no temporary of that size); offloaded states step on
-    the host.
+    torch's foreach AdamW: ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``, one state-sized
+    temporary.  DeepSpeed ZeRO-1/2: the fp32 copy of this rank's gradient partition that its (fused)
+    optimizer steps with (``single_grad_partition``, 4 bytes per parameter / data-parallel degree).
+    NB: SGD and the 8-bit optimizer update in place; offloaded states step on the host.
     """
+    if setup.strategy in (Strategy.ZERO1, Strategy.ZERO2):
+        return -(-4 * trainable_parameters(setup) // shards(setup))
     if setup.optimizer is not Optimizer.ADAMW or setup.strategy is Strategy.FSDP_OFFLOAD:
         return 0
     return optimizer_on_gpu(setup) // 2
