@@ -65,7 +65,24 @@ def _lora_members(setup: TrainingSetup) -> set[str]:
     return set(setup.lora_targets) if setup.method is not Method.FULL else set()
 
 
-def layer_inventory(setup: TrainingSetup, first: bool = False) -> list[SavedTensor]:
+def _key(setup: TrainingSetup) -> tuple:
+    """What the inventories depend on (hashing the whole setup costs more than building them)."""
+    return (setup.model, setup.precision._value_, setup.method._value_, setup.attention._value_, setup.seq,
+            setup.lora_rank, setup.lora_targets)
+
+
+_INVENTORIES: dict[tuple, tuple[SavedTensor, ...]] = {}
+
+
+def layer_inventory(setup: TrainingSetup, first: bool = False) -> tuple[SavedTensor, ...]:
+    """See :func:`_layer_inventory`; cached on what it depends on."""
+    key = ("layer", first, *_key(setup))
+    if key not in _INVENTORIES:
+        _INVENTORIES[key] = _layer_inventory(setup, first)
+    return _INVENTORIES[key]
+
+
+def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ...]:
     """Tensors one decoder layer saves for backward.
 
     ``first``: the first layer under LoRA, whose input (the frozen embedding's output) needs no gradient;
@@ -151,7 +168,7 @@ def layer_inventory(setup: TrainingSetup, first: bool = False) -> list[SavedTens
     linear_inputs("down_proj", ("down_proj",), i, c, kept=False)  # the SwiGLU product, not kept above
     if r is Regime.AUTOCAST and full:
         out.append(SavedTensor("autocast half copies of the layer's weights", 0, HALF * layer_matmul_params(setup)))
-    return out
+    return tuple(out)
 
 
 def layer_matmul_params(setup: TrainingSetup) -> int:
@@ -163,7 +180,15 @@ def layer_matmul_params(setup: TrainingSetup) -> int:
     return h * qd + 2 * h * kvd + qd * h + 3 * h * i
 
 
-def model_inventory(setup: TrainingSetup) -> list[SavedTensor]:
+def model_inventory(setup: TrainingSetup) -> tuple[SavedTensor, ...]:
+    """See :func:`_model_inventory`; cached on what it depends on."""
+    key = ("model", *_key(setup))
+    if key not in _INVENTORIES:
+        _INVENTORIES[key] = _model_inventory(setup)
+    return _INVENTORIES[key]
+
+
+def _model_inventory(setup: TrainingSetup) -> tuple[SavedTensor, ...]:
     """Tensors saved outside the decoder layers: embedding, final norm, LM head and loss."""
     spec, r = setup.model, regime(setup)
     h, v = spec.hidden_size, spec.vocab_size
@@ -180,7 +205,7 @@ def model_inventory(setup: TrainingSetup) -> list[SavedTensor]:
             out.append(SavedTensor("autocast half copy of lm_head", 0, HALF * v * h))
     out.append(SavedTensor("loss: fp32 log-softmax of the logits", FP32 * v))
     out.append(SavedTensor("loss: labels", INDEX))
-    return out
+    return tuple(out)
 
 
 def rope_bytes(setup: TrainingSetup) -> int:
@@ -195,18 +220,29 @@ def rope_bytes(setup: TrainingSetup) -> int:
     return 2 * setup.seq * setup.model.head_dim * stream_bytes(setup)
 
 
+_SUMS: dict[tuple, tuple[int, int]] = {}
+
+
+def _sums(inventory: tuple[SavedTensor, ...]) -> tuple[int, int]:
+    """(bytes per token, fixed bytes) of an inventory, memoised by identity of the cached tuple."""
+    key = id(inventory)
+    if key not in _SUMS:
+        _SUMS[key] = (sum(t.bytes_per_token for t in inventory), sum(t.bytes_fixed for t in inventory))
+    return _SUMS[key]
+
+
 def tokens(setup: TrainingSetup) -> int:
     return setup.batch * setup.seq
 
 
 def layer_activation_bytes(setup: TrainingSetup) -> int:
     """Bytes one decoder layer keeps for backward (without checkpointing), autocast copies excluded."""
-    return tokens(setup) * sum(t.bytes_per_token for t in layer_inventory(setup))
+    return tokens(setup) * _sums(layer_inventory(setup))[0]
 
 
 def layer_fixed_bytes(setup: TrainingSetup) -> int:
     """Per-layer bytes kept for backward that do not scale with tokens (autocast weight copies)."""
-    return sum(t.bytes_fixed for t in layer_inventory(setup))
+    return _sums(layer_inventory(setup))[1]
 
 
 def checkpoint_layer_bytes(setup: TrainingSetup) -> int:
@@ -216,16 +252,16 @@ def checkpoint_layer_bytes(setup: TrainingSetup) -> int:
 
 def model_activation_bytes(setup: TrainingSetup) -> int:
     """Saved tensors outside the layers (token-scaled part)."""
-    return tokens(setup) * sum(t.bytes_per_token for t in model_inventory(setup))
+    return tokens(setup) * _sums(model_inventory(setup))[0]
 
 
 def model_fixed_bytes(setup: TrainingSetup) -> int:
-    return sum(t.bytes_fixed for t in model_inventory(setup))
+    return _sums(model_inventory(setup))[1]
 
 
 def first_layer_activation_bytes(setup: TrainingSetup) -> int:
     """The first layer's saved bytes: less under LoRA, where its input needs no gradient."""
-    return tokens(setup) * sum(t.bytes_per_token for t in layer_inventory(setup, first=True))
+    return tokens(setup) * _sums(layer_inventory(setup, first=True))[0]
 
 
 def saved_activation_bytes(setup: TrainingSetup) -> int:
@@ -242,5 +278,5 @@ def autocast_copy_bytes(setup: TrainingSetup) -> int:
     """Half copies of weights autocast made in forward and that backward still needs."""
     if setup.checkpointing:
         return model_fixed_bytes(setup)  # recomputed layers cast again in backward, one at a time
-    first = sum(t.bytes_fixed for t in layer_inventory(setup, first=True))
+    first = _sums(layer_inventory(setup, first=True))[1]
     return first + (setup.model.num_hidden_layers - 1) * layer_fixed_bytes(setup) + model_fixed_bytes(setup)

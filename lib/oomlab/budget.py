@@ -21,11 +21,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
 from oomlab import activations as act
 from oomlab.errors import UnknownNameError
+from oomlab.specs import ModelSpec
 from oomlab.training import DEFAULT_LORA_TARGETS, Method, Optimizer, Precision, Strategy, TrainingSetup, make_setup
 from oomlab.units import MiB
 
@@ -38,6 +40,8 @@ ALLOCATOR_FRAGMENTATION = 0.05  # NB: reserved-but-unallocated share of transien
 
 class MemCategory(enum.Enum):
     """Where a GPU byte goes during a training step."""
+
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash is slow in the hot loop
 
     WEIGHTS = "weights"  # parameters held on the GPU (the fp32 weights under torch autocast)
     GRADIENTS = "gradients"  # .grad of the trained parameters (sharded where the strategy shards them)
@@ -52,6 +56,8 @@ class MemCategory(enum.Enum):
 
 class Phase(enum.Enum):
     """The phases of a step whose maximum is the step's peak."""
+
+    __hash__ = object.__hash__
 
     FORWARD = "forward"
     BACKWARD = "backward"
@@ -120,13 +126,17 @@ class BudgetResult:
 
 def lora_parameters(setup: TrainingSetup) -> int:
     """Adapter parameters: ``r * (in + out)`` per targeted projection per layer (Hu et al. 2021)."""
-    spec = setup.model
+    return _lora_parameters(setup.model, setup.lora_rank, setup.lora_targets)
+
+
+@lru_cache(maxsize=1024)
+def _lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
     h, i = spec.hidden_size, spec.intermediate_size
     qd = spec.num_attention_heads * spec.head_dim
     kvd = spec.num_key_value_heads * spec.head_dim
     dims = {"q_proj": (h, qd), "k_proj": (h, kvd), "v_proj": (h, kvd), "o_proj": (qd, h),
             "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
-    per_layer = sum(setup.lora_rank * sum(dims[t]) for t in setup.lora_targets)
+    per_layer = sum(rank * sum(dims[t]) for t in targets)
     return spec.num_hidden_layers * per_layer
 
 

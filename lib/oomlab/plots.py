@@ -29,7 +29,7 @@ def plot_apply_walks(
     usable = capacity_bytes - outside_bytes
     fig = Figure(figsize=(9, 4.8), dpi=110)  # not pyplot: no global state, shown only when displayed
     ax = fig.subplots()
-    for label, steps in walks:
+    for k, (label, steps) in enumerate(walks):
         if not steps:
             continue
         total_params = steps[-1].moved_parameters or 1
@@ -50,7 +50,7 @@ def plot_apply_walks(
             ax.annotate(
                 f"OOM copying {steps[failing].name}\n(needs {format_size(steps[failing].tried_bytes)}, "
                 f"{fx:.0f}% moved)",
-                xy=(fx, fy), xytext=(10, -48), textcoords="offset points", fontsize=8,
+                xy=(fx, fy), xytext=(12, -40 - 36 * k), textcoords="offset points", fontsize=8,
                 color=line.get_color(), bbox={"boxstyle": "round", "fc": "white", "alpha": 0.85},
             )
     ax.axhline(capacity_bytes / GiB, color="black", linewidth=1.2,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -78,11 +78,14 @@ class ModelSpec:
     source: str  # where the config comes from
     config: MappingProxyType = field(compare=False, repr=False)  # the raw config.json fields
 
-    @property
+    def __hash__(self) -> int:  # equal specs have equal names; hashing every field is slow in hot loops
+        return hash(self.name)
+
+    @cached_property
     def head_dim(self) -> int:
         return int(self.config.get("head_dim") or self.hidden_size // self.num_attention_heads)
 
-    @property
+    @cached_property
     def num_parameters(self) -> int:
         """Parameter count from the shapes (checked against the meta-built model in tests)."""
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
@@ -178,6 +181,9 @@ class GPUSpec:
     host_link_bytes_per_s: int  # per direction
     sources: MappingProxyType = field(compare=False, repr=False)
     notes: str = field(default="", compare=False, repr=False)
+
+    def __hash__(self) -> int:  # equal specs have equal names
+        return hash(self.name)
 
 
 def known_gpus() -> list[str]:
