@@ -274,6 +274,19 @@ def saved_activation_bytes(setup: TrainingSetup) -> int:
     return first_layer_activation_bytes(setup) + rest + outside
 
 
+def autocast_cache_bytes(setup: TrainingSetup) -> int:
+    """Half copies of every fp32 weight in autocast's cache at the end of forward (full fine-tuning).
+
+    Held until the outermost ``torch.autocast`` exits, whether or not checkpointing frees the layers'
+    saved tensors.
+    """
+    if regime(setup) is not Regime.AUTOCAST or setup.method is not Method.FULL:
+        return 0
+    spec = setup.model
+    head = 0 if spec.tie_word_embeddings else spec.vocab_size * spec.hidden_size
+    return HALF * (spec.num_hidden_layers * layer_matmul_params(setup) + head)
+
+
 def autocast_copy_bytes(setup: TrainingSetup) -> int:
     """Half copies of weights autocast made in forward and that backward still needs."""
     if setup.checkpointing:

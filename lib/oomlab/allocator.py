@@ -189,12 +189,7 @@ def render_oom_message(snap: OOMSnapshot, message_format: str = "torch<=2.0") ->
             f"{allowed}{format_size(snap.reserved_bytes)} reserved in total by PyTorch)" + _OLD_HINT
         )
     if message_format == "torch>=2.1":
-        allowed = (
-            f"This process has {format_size(snap.allowed_bytes)} memory allowed by the PyTorch "
-            f"caching allocator. "
-            if snap.allowed_bytes is not None
-            else ""
-        )
+        allowed = f"{format_size(snap.allowed_bytes)} allowed; " if snap.allowed_bytes is not None else ""
         return (
             f"CUDA out of memory. Tried to allocate {format_size(snap.tried_bytes)}. "
             f"GPU {snap.device_index} has a total capacity of {format_size(snap.total_bytes)} of which "

@@ -273,12 +273,45 @@ def ddp_bucket_bytes(setup: TrainingSetup) -> int:
     return grad_bytes_per_param(setup) * trainable_parameters(setup)
 
 
-def fsdp_gather_bytes(setup: TrainingSetup) -> int:
-    """FSDP all-gathers one decoder layer's parameters at a time, plus the next one prefetched."""
+def _param_bytes(setup: TrainingSetup) -> int:
+    return 2 if _half_weights(setup) else 4
+
+
+def fsdp_root_bytes(setup: TrainingSetup) -> int:
+    """FSDP2 keeps the root module's parameters (embedding, final norm, LM head) unsharded all step."""
     if setup.strategy not in (Strategy.FSDP, Strategy.FSDP_OFFLOAD):
         return 0
-    layer = weight_bytes_total(setup) // max(1, setup.model.num_hidden_layers + 2)
-    return 2 * layer
+    spec = setup.model
+    head = 0 if spec.tie_word_embeddings else spec.vocab_size * spec.hidden_size
+    return _param_bytes(setup) * (spec.vocab_size * spec.hidden_size + head + spec.hidden_size)
+
+
+def fsdp_layer_bytes(setup: TrainingSetup) -> int:
+    """One decoder layer's unsharded parameters (the size of each all-gather / reduce-scatter buffer)."""
+    if setup.strategy not in (Strategy.FSDP, Strategy.FSDP_OFFLOAD):
+        return 0
+    spec = setup.model
+    return _param_bytes(setup) * (act.layer_matmul_params(setup) + 2 * spec.hidden_size)
+
+
+def fsdp_gather_bytes(setup: TrainingSetup, where: str) -> int:
+    """FSDP2 workspace: the unsharded root plus per-layer all-gather / reduce-scatter buffers.
+
+    ``where``: "forward" (trained layers: the current all-gather and the next one prefetched; frozen
+    LoRA bases: one), "backward-start" (the last layer gathered again) or "backward" (a layer's backward
+    with trained weights: it unsharded, the next prefetched, its reduce-scatter buffer and its unsharded
+    gradients).  NB: buffer counts read off FSDP2 traces (FSDPMemTracker); see tests/test_agreement.py.
+    """
+    layer = fsdp_layer_bytes(setup)
+    if not layer:
+        return 0
+    trained = setup.method is Method.FULL
+    if where == "forward":
+        return fsdp_root_bytes(setup) + (2 if trained else 1) * layer
+    if where == "backward-start" or not trained:
+        return fsdp_root_bytes(setup) + layer
+    grads = layer * grad_bytes_per_param(setup) // _param_bytes(setup)
+    return fsdp_root_bytes(setup) + 3 * layer + grads
 
 
 def logits_bytes(setup: TrainingSetup) -> dict[str, int]:
@@ -305,30 +338,44 @@ def _phases(setup: TrainingSetup) -> dict[Phase, dict[MemCategory, int]]:
     loss_saved = act.tokens(setup) * (4 * setup.model.vocab_size + act.INDEX)
     layer_acts = saved - loss_saved
     copies = act.autocast_copy_bytes(setup)
+    # autocast's cache holds every weight's half copy until the outermost autocast exits (end of
+    # forward), checkpointed or not
+    cache = act.autocast_cache_bytes(setup)
     buckets = ddp_bucket_bytes(setup)
-    gather = fsdp_gather_bytes(setup)
     lg = logits_bytes(setup)
-    recompute = act.layer_activation_bytes(setup) + act.layer_fixed_bytes(setup) if setup.checkpointing else 0
+    states = {MemCategory.WEIGHTS: w, MemCategory.MASTER_WEIGHTS: m, MemCategory.OPTIMIZER_STATE: o}
     forward = {
-        MemCategory.WEIGHTS: w, MemCategory.MASTER_WEIGHTS: m, MemCategory.OPTIMIZER_STATE: o,
+        **states,
         MemCategory.ACTIVATIONS: layer_acts,
         MemCategory.LOGITS_LOSS: lg["logits"] + lg["fp32 copy"] + lg["log_softmax"],
-        MemCategory.WORKSPACE: copies + buckets + gather,
+        MemCategory.WORKSPACE: max(copies, cache) + buckets + fsdp_gather_bytes(setup, "forward"),
     }
-    backward_start = {
-        MemCategory.WEIGHTS: w, MemCategory.MASTER_WEIGHTS: m, MemCategory.OPTIMIZER_STATE: o,
-        MemCategory.ACTIVATIONS: layer_acts + recompute,
-        MemCategory.LOGITS_LOSS: lg["logits"] + lg["log_softmax"] + 2 * lg["grad"],
-        MemCategory.WORKSPACE: copies + buckets + gather,
-    }
-    backward_end = {
-        MemCategory.WEIGHTS: w, MemCategory.MASTER_WEIGHTS: m, MemCategory.OPTIMIZER_STATE: o,
-        MemCategory.GRADIENTS: g, MemCategory.WORKSPACE: buckets + gather,
-    }
-    backward = max(backward_start, backward_end, key=lambda d: sum(d.values()))
+    gather = fsdp_gather_bytes(setup, "backward")
+    candidates = [
+        {  # start: the loss gradients, every saved tensor still held
+            **states,
+            MemCategory.ACTIVATIONS: layer_acts,
+            MemCategory.LOGITS_LOSS: lg["log_softmax"] + 2 * lg["grad"],
+            MemCategory.WORKSPACE: copies + buckets + fsdp_gather_bytes(setup, "backward-start"),
+        },
+        {  # a trained layer's backward under FSDP: its buffers, activations not yet freed
+            **states,
+            MemCategory.ACTIVATIONS: layer_acts,
+            MemCategory.WORKSPACE: copies + buckets + gather,
+        },
+        {  # end: every gradient held, activations freed
+            **states, MemCategory.GRADIENTS: g, MemCategory.WORKSPACE: buckets + gather,
+        },
+    ]
+    if setup.checkpointing:  # a recomputed layer holds its full inventory again (and, under autocast, casts)
+        candidates.append({
+            **states,
+            MemCategory.ACTIVATIONS: layer_acts + act.layer_activation_bytes(setup),
+            MemCategory.WORKSPACE: act.layer_fixed_bytes(setup) + buckets + gather,
+        })
+    backward = max(candidates, key=lambda d: sum(d.values()))
     optimizer = {
-        MemCategory.WEIGHTS: w, MemCategory.MASTER_WEIGHTS: m, MemCategory.OPTIMIZER_STATE: o,
-        MemCategory.GRADIENTS: g, MemCategory.WORKSPACE: buckets + optimizer_temp_bytes(setup),
+        **states, MemCategory.GRADIENTS: g, MemCategory.WORKSPACE: buckets + optimizer_temp_bytes(setup),
     }
     return {Phase.FORWARD: forward, Phase.BACKWARD: backward, Phase.OPTIMIZER: optimizer}
 

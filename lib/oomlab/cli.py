@@ -58,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
                      "new = torch>=2.1")
     rep.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    exp = sub.add_parser("explain", help="decode a CUDA out-of-memory message (and its traceback) and explain it")
+    exp.add_argument("text", nargs="?", default=None,
+                     help="the message (or a whole traceback/log); '-' or nothing reads standard input")
+    exp.add_argument("--file", type=Path, default=None, help="read the message from this file instead")
+    exp.add_argument("--model", default=None, help="model spec name or path to a config.json: name the tensors")
+    exp.add_argument("--gpu", default=None, help="GPU spec name (default: inferred from the total capacity)")
+    exp.add_argument("--dtype", default=None, help="float16, bfloat16 or float32 (default: every dtype that fits)")
+    exp.add_argument("--json", action="store_true", help="print the explanation as JSON")
+
     run = sub.add_parser("run", help="run the notebooks with papermill and render outputs/report.html")
     run.add_argument("--params", type=Path, default=None, help="YAML file of parameters")
     run.add_argument("-p", dest="pairs", action="append", default=[], metavar="KEY=VALUE",
@@ -106,6 +115,35 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_explain_input(args: argparse.Namespace) -> str:
+    from oomlab.errors import InvalidValueError
+
+    if args.file is not None and args.text is not None:
+        raise InvalidValueError(
+            f"give the message as TEXT or --file, not both (got TEXT and --file {str(args.file)!r})")
+    if args.file is not None:
+        try:
+            return args.file.read_bytes().decode("utf-8", errors="replace")
+        except OSError as err:
+            raise InvalidValueError(f"cannot read --file {str(args.file)!r}: {err.strerror or err}") from err
+    if args.text is None or args.text == "-":
+        stream = getattr(sys.stdin, "buffer", sys.stdin)
+        data = stream.read() if stream is not None else ""
+        return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    return args.text
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from oomlab.explain import explain, render_explanation
+
+    result = explain(_read_explain_input(args), model=args.model, gpu=args.gpu, dtype=args.dtype)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(render_explanation(result), end="")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from oomlab import paths, pipeline
 
@@ -119,7 +157,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers: dict[str, Any] = {"reproduce": _cmd_reproduce, "run": _cmd_run}
+    handlers: dict[str, Any] = {"reproduce": _cmd_reproduce, "explain": _cmd_explain, "run": _cmd_run}
     try:
         return handlers[args.command](args)
     except OomlabError as err:

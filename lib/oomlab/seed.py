@@ -5,7 +5,6 @@ The report ships as package data (``data/seed-oom-report.txt``, a verbatim copy 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -16,13 +15,6 @@ SEED_MODEL = "llama-13b"
 SEED_DTYPE = "float16"
 SEED_GPU = "t4"
 SEED_GPUS = 4
-
-_OLD_FORMAT = re.compile(
-    r"Tried to allocate (?P<tried>[\d.]+ \w+) \(GPU (?P<device>\d+); (?P<total>[\d.]+ \w+) total capacity; "
-    r"(?P<allocated>[\d.]+ \w+) already allocated; (?P<free>[\d.]+ \w+) free; "
-    r"(?P<reserved>[\d.]+ \w+) reserved in total by PyTorch\)"
-)
-
 
 @dataclass(frozen=True)
 class SeedFigures:
@@ -48,20 +40,16 @@ def seed_report_text() -> str:
 
 @cache
 def seed_figures() -> SeedFigures:
-    """Parse the seed report's OOM message (the report wraps it over lines; we join them)."""
-    text = " ".join(seed_report_text().split())
-    start = text.index("OutOfMemoryError: CUDA out of memory.")
-    end = text.index("PYTORCH_CUDA_ALLOC_CONF", start) + len("PYTORCH_CUDA_ALLOC_CONF")
-    message = text[start + len("OutOfMemoryError: ") : end]
-    match = _OLD_FORMAT.search(message)
-    if match is None:  # pragma: no cover - the packaged report is fixed
-        raise RuntimeError("the packaged seed report no longer holds an OOM message")
-    return SeedFigures(
-        message=message,
-        tried=match["tried"],
-        total=match["total"],
-        allocated=match["allocated"],
-        free=match["free"],
-        reserved=match["reserved"],
-        device_index=int(match["device"]),
-    )
+    """Parse the seed report's OOM message with :func:`oomlab.oom_message.parse_oom_message`.
+
+    The report wraps the message over lines; ``message`` is it joined onto one line.
+    """
+    from oomlab.oom_message import FORMAT_OLD, parse_oom_message
+
+    msg = parse_oom_message(seed_report_text())
+    figures = (msg.tried, msg.total, msg.allocated, msg.free, msg.reserved)
+    if msg.format != FORMAT_OLD or msg.device_index is None or any(f is None for f in figures):  # pragma: no cover
+        raise RuntimeError("the packaged seed report no longer holds a complete torch<=2.0 OOM message")
+    tried, total, allocated, free, reserved = (f.text for f in figures)
+    return SeedFigures(message=msg.message, tried=tried, total=total, allocated=allocated, free=free,
+                       reserved=reserved, device_index=msg.device_index)
