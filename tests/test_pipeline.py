@@ -24,7 +24,8 @@ from oomlab.pipeline import (
 )
 from oomlab.specs import known_gpus, known_models
 
-ACCEPTED = "device, dtype, gpu, gpus, message_format, model, non_pytorch_mib"
+ACCEPTED = ("attention, batch, checkpointing, device, dtype, gpu, gpus, host_ram, lora_rank, message_format, model, "
+            "non_pytorch_mib, optimizer, precision, seq, trace")
 DEFAULTS = {
     "model": "llama-13b",
     "dtype": "float16",
@@ -33,6 +34,15 @@ DEFAULTS = {
     "non_pytorch_mib": None,
     "device": "auto",
     "message_format": "old",
+    "precision": "fp16-mixed",
+    "optimizer": "adamw",
+    "batch": 1,
+    "seq": 2048,
+    "checkpointing": False,
+    "attention": "sdpa",
+    "lora_rank": 8,
+    "host_ram": "192GiB",
+    "trace": True,
 }
 
 

@@ -451,3 +451,28 @@ def estimate(
     from oomlab.trace import traced_budget
 
     return traced_budget(setup, outside_bytes)
+
+
+def render_budget(result: BudgetResult) -> str:
+    """A plain-text table of the budget, torch-style sizes."""
+    from oomlab.units import format_size
+
+    s = result.setup
+    lines = [
+        f"{s.model.name} on {s.world_size} x {s.gpu.name} ({format_size(result.capacity_bytes)} each): "
+        f"{s.strategy.value}, {s.method.value}, {s.precision.value}, {s.optimizer.value}, micro-batch {s.batch}, "
+        f"seq {s.seq}, checkpointing {'on' if s.checkpointing else 'off'}, {s.attention.value} "
+        f"[{result.source}]",
+        f"peak in the {result.peak_phase.value} phase:",
+    ]
+    for category, value in sorted(result.components.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {category.value:<22} {format_size(value):>12}")
+    lines += [
+        f"  {'allocated peak':<22} {format_size(result.allocated_peak_bytes):>12}  (torch.cuda.max_memory_allocated)",
+        f"  {'per-GPU peak':<22} {format_size(result.per_gpu_peak_bytes):>12}  (nvidia-smi)",
+        f"  {'capacity':<22} {format_size(result.capacity_bytes):>12}",
+        ("fits, headroom " if result.fits else "DOES NOT FIT, short by ")
+        + format_size(abs(result.headroom_bytes)),
+        f"host RAM needed: {format_size(result.host_ram_bytes)}",
+    ]
+    return "\n".join(lines)

@@ -35,8 +35,50 @@ def _nonnegative_float(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}; expected an integer >= 1") from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}; must be an integer >= 1")
+    return value
+
+
+def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
+    """The training-setup options shared by ``budget`` and ``plan``."""
+    from oomlab.training import LORA_TARGET_CHOICES, Attention, Method, Optimizer, Precision, Strategy
+
+    parser.add_argument("--model", default="llama-13b", help="model spec name or path to a config.json")
+    parser.add_argument("--gpu", default="t4", help="GPU spec name (default t4)")
+    parser.add_argument("--gpus", type=_positive_int, default=1, help="GPUs per node (default 1)")
+    parser.add_argument("--nodes", type=_positive_int, default=1, help="nodes (default 1)")
+    parser.add_argument("--strategy", choices=[s.value for s in Strategy], default="single")
+    parser.add_argument("--method", choices=[m.value for m in Method], default="full")
+    parser.add_argument("--precision", choices=[p.value for p in Precision], default="fp16-mixed")
+    parser.add_argument("--optimizer", choices=[o.value for o in Optimizer], default="adamw")
+    parser.add_argument("--batch", type=_positive_int, default=1, help="micro-batch per GPU (default 1)")
+    parser.add_argument("--seq", type=_positive_int, default=2048, help="sequence length (default 2048)")
+    parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each layer")
+    parser.add_argument("--attention", choices=[a.value for a in Attention], default="sdpa")
+    parser.add_argument("--lora-rank", type=_positive_int, default=8)
+    parser.add_argument("--lora-alpha", type=_positive_int, default=16)
+    parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
+                        help=f"comma-separated, from {','.join(LORA_TARGET_CHOICES)}")
+
+
+def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``estimate``/``make_setup`` keyword arguments from parsed setup options."""
+    return {"model": args.model, "gpu": args.gpu, "gpus": args.gpus, "nodes": args.nodes,
+            "strategy": args.strategy, "method": args.method, "precision": args.precision,
+            "optimizer": args.optimizer, "batch": args.batch, "seq": args.seq,
+            "checkpointing": args.checkpointing, "attention": args.attention, "lora_rank": args.lora_rank,
+            "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from oomlab.allocator import MESSAGE_FORMAT_NAMES
+    from oomlab.budget import SOURCES
     from oomlab.reproduce import DEVICES
 
     parser = _Parser(prog="python -m oomlab", description=__doc__.splitlines()[0])
@@ -66,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--gpu", default=None, help="GPU spec name (default: inferred from the total capacity)")
     exp.add_argument("--dtype", default=None, help="float16, bfloat16 or float32 (default: every dtype that fits)")
     exp.add_argument("--json", action="store_true", help="print the explanation as JSON")
+
+    bud = sub.add_parser("budget", help="per-GPU memory of one training step, component by component")
+    add_setup_arguments(bud)
+    bud.add_argument("--source", choices=SOURCES, default="analytic",
+                     help="analytic (formulas, microseconds) or traced (PyTorch's MemTracker on fake tensors)")
+    bud.add_argument("--json", action="store_true", help="print the result as JSON")
 
     run = sub.add_parser("run", help="run the notebooks with papermill and render outputs/report.html")
     run.add_argument("--params", type=Path, default=None, help="YAML file of parameters")
@@ -144,6 +192,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_budget(args: argparse.Namespace) -> int:
+    from oomlab.budget import estimate, render_budget
+
+    result = estimate(source=args.source, **setup_kwargs(args))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else render_budget(result))
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from oomlab import paths, pipeline
 
@@ -157,7 +213,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers: dict[str, Any] = {"reproduce": _cmd_reproduce, "explain": _cmd_explain, "run": _cmd_run}
+    handlers: dict[str, Any] = {"reproduce": _cmd_reproduce, "explain": _cmd_explain, "budget": _cmd_budget,
+                                "run": _cmd_run}
     try:
         return handlers[args.command](args)
     except OomlabError as err:

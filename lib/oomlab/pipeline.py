@@ -27,6 +27,8 @@ from oomlab.errors import InvalidValueError, OomlabError
 from oomlab.report import ReportError, render_report, write_text_atomic
 from oomlab.reproduce import DEVICES
 from oomlab.specs import load_dtype, load_gpu, load_model
+from oomlab.training import Attention, Optimizer, Precision
+from oomlab.units import parse_size
 
 # ------------------------------------------------------------------------------------------ parameters
 
@@ -62,6 +64,16 @@ PARAMETERS: dict[str, Param] = {
         Param("device", str, "auto", "where to reproduce the failure", choices=DEVICES),
         Param("message_format", str, "old", "which PyTorch OOM message to print (old = torch<=2.0, new = torch>=2.1)",
               choices=MESSAGE_FORMAT_NAMES),
+        Param("precision", str, "fp16-mixed", "training precision", choices=tuple(p.value for p in Precision)),
+        Param("optimizer", str, "adamw", "optimizer", choices=tuple(o.value for o in Optimizer)),
+        Param("batch", int, 1, "micro-batch per GPU", minimum=1),
+        Param("seq", int, 2048, "sequence length in tokens", minimum=1),
+        Param("checkpointing", bool, False, "activation checkpointing in the user's configuration"),
+        Param("attention", str, "sdpa", "attention implementation", choices=tuple(a.value for a in Attention)),
+        Param("lora_rank", int, 8, "LoRA rank for the LoRA/QLoRA remedies", minimum=1),
+        Param("host_ram", str, "192GiB", "host RAM per node (assumed: a 4 x T4 g4dn.12xlarge has 192 GiB)",
+              canonical=lambda v: (parse_size(v), v)[1]),
+        Param("trace", bool, True, "also trace setups with PyTorch's MemTracker (seconds each, cached)"),
     )
 }
 
