@@ -306,10 +306,13 @@ def fsdp_gather_bytes(setup: TrainingSetup, where: str) -> int:
     if not layer:
         return 0
     trained = setup.method is Method.FULL
+    # NB: at the end of forward and the start of backward the traces hold two layer buffers (the last
+    # gathered and the next) except for frozen, non-checkpointed layers, where only the last remains.
+    held = 2 if trained or setup.checkpointing else 1
     if where == "forward":
-        return fsdp_root_bytes(setup) + (2 if trained else 1) * layer
+        return fsdp_root_bytes(setup) + held * layer
     if where == "backward-start" or not trained:
-        return fsdp_root_bytes(setup) + layer
+        return fsdp_root_bytes(setup) + (held if not trained else 1) * layer
     grads = layer * grad_bytes_per_param(setup) // _param_bytes(setup)
     return fsdp_root_bytes(setup) + 3 * layer + grads
 

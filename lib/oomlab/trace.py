@@ -714,7 +714,9 @@ def traced_budget(setup: TrainingSetup, outside_bytes: int | None = None) -> Any
     from oomlab import budget
 
     trace = trace_step(setup)
-    totals = steady_phase_totals(trace)
+    steady = steady_phase_totals(trace)
+    buckets = budget.ddp_bucket_bytes(setup)  # DDP's flat buckets: measured = gradient bytes (measure_ddp_buckets)
+    totals = {phase: total + buckets for phase, total in steady.items()}
     peak_phase = max(totals, key=lambda p: totals[p])
     analytic = budget.estimate_setup(setup, outside_bytes)
     components: dict[Any, int] = {}
@@ -728,10 +730,12 @@ def traced_budget(setup: TrainingSetup, outside_bytes: int | None = None) -> Any
         components = {budget.MemCategory.WORKSPACE: 0}
         components[budget.MemCategory.ACTIVATIONS] = totals[peak_phase]
     else:
-        extra = totals[peak_phase] - trace.peak_bytes
+        extra = steady[peak_phase] - trace.peak_bytes
         if extra:
             key = budget.MemCategory.OPTIMIZER_STATE
             components[key] = components.get(key, 0) + extra
+    if buckets:
+        components[budget.MemCategory.WORKSPACE] = components.get(budget.MemCategory.WORKSPACE, 0) + buckets
     for key in (budget.MemCategory.ALLOCATOR_OVERHEAD, budget.MemCategory.OUTSIDE_PYTORCH):
         components[key] = analytic.components[key]
     phases = {budget.Phase(p.value): MappingProxyType({budget.MemCategory.ACTIVATIONS: v}) for p, v in totals.items()}
