@@ -17,3 +17,5 @@ SEED_REPORT = DATA_DIR / "seed-oom-report.txt"
 REPO_ROOT = Path(os.environ.get("OOMLAB_ROOT", PACKAGE_DIR.parent.parent)).resolve()
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 OUTPUTS_DIR = REPO_ROOT / "outputs"
+# Trace cache (hash-keyed JSON files); OOMLAB_CACHE_DIR moves it (benchmarks use a temporary one).
+CACHE_DIR = Path(os.environ.get("OOMLAB_CACHE_DIR", OUTPUTS_DIR / "cache")).resolve()

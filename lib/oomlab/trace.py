@@ -57,15 +57,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from oomlab import paths
 from oomlab.errors import InvalidValueError
-from oomlab.paths import OUTPUTS_DIR
 from oomlab.specs import ModelSpec, model_from_config
 from oomlab.training import Method, Optimizer, Precision, Strategy, TrainingSetup, make_setup
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TRACE_VERSION = 2  # bump when what a trace records changes; part of the cache key
-CACHE_DIR = OUTPUTS_DIR / "cache"
+CACHE_DIR = paths.CACHE_DIR
 BACKWARD_DONE = "backward done"  # the timeline mark after loss.backward(); later events are the optimizer's
 LEARNING_RATE = 1e-4  # irrelevant to memory; any positive value
 
