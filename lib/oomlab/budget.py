@@ -32,6 +32,10 @@ from oomlab.training import DEFAULT_LORA_TARGETS, Method, Optimizer, Precision, 
 from oomlab.units import MiB
 
 NF4_DQ_BITS = 4.127  # QLoRA paper: NF4 weights, 64-blocks, fp8 second-level absmax (double quantization)
+# bitsandbytes QuantState per quantized weight, besides the 4.127 bits/param (functional.py quantize_4bit, lines
+# 936-950): its 16-value NF4 code (fp32), the double-quantization offset (fp32 scalar) and the second level's
+# 256-value dynamic code (fp32); loaded through transformers each weight holds its own copies (measured on CPU)
+NF4_STATE_TENSOR_BYTES = 4 * 16 + 4 + 4 * 256
 ADAM8_BLOCK = 256  # bitsandbytes 8-bit optimizers: one fp32 absmax per block of 256 values
 ADAM8_MIN_SIZE = 4096  # bitsandbytes keeps 32-bit state for tensors with fewer elements (min_8bit_size)
 SOURCES = ("analytic", "traced")
@@ -169,13 +173,23 @@ def weight_bytes_total(setup: TrainingSetup) -> int:
     return (2 if _half_weights(setup) else 4) * n + adapters
 
 
+def nf4_state_fixed_bytes(setup: TrainingSetup) -> int:
+    """QLoRA: the per-weight constants of bitsandbytes' quantization states (codes and offset), zero otherwise.
+
+    NB: 1,092 bytes per quantized matrix -- about 240 KiB for a 7B model, but 0.3 % of a tiny one.
+    """
+    if setup.method is not Method.QLORA:
+        return 0
+    return NF4_STATE_TENSOR_BYTES * 7 * setup.model.num_hidden_layers
+
+
 def shards(setup: TrainingSetup) -> int:
     return setup.world_size
 
 
 def weights_on_gpu(setup: TrainingSetup) -> int:
     """Persistent weights per GPU."""
-    total = weight_bytes_total(setup)
+    total = weight_bytes_total(setup) + nf4_state_fixed_bytes(setup)
     if setup.strategy is Strategy.FSDP:
         return -(-total // shards(setup))
     if setup.strategy is Strategy.FSDP_OFFLOAD:
@@ -370,17 +384,42 @@ def _phases(setup: TrainingSetup) -> dict[Phase, dict[MemCategory, int]]:
             **states, MemCategory.GRADIENTS: g, MemCategory.WORKSPACE: buckets + gather,
         },
     ]
-    if setup.checkpointing:  # a recomputed layer holds its full inventory again (and, under autocast, casts)
-        candidates.append({
-            **states,
-            MemCategory.ACTIVATIONS: layer_acts + act.layer_activation_bytes(setup),
-            MemCategory.WORKSPACE: act.layer_fixed_bytes(setup) + buckets + gather,
-        })
+    if setup.checkpointing:
+        candidates += _recompute_candidates(setup, states, layer_acts, g, buckets + gather)
     backward = max(candidates, key=lambda d: sum(d.values()))
     optimizer = {
         **states, MemCategory.GRADIENTS: g, MemCategory.WORKSPACE: buckets + optimizer_temp_bytes(setup),
     }
     return {Phase.FORWARD: forward, Phase.BACKWARD: backward, Phase.OPTIMIZER: optimizer}
+
+
+def recompute_gradient_bytes(setup: TrainingSetup) -> int:
+    """Gradient temporaries inside a recomputed layer's backward (measured at small scale).
+
+    The gradients of the SwiGLU product, the SiLU output and up (``3 i``) and the incoming hidden-state
+    gradient (``h``), in the compute dtype, per token.
+    """
+    c = 4 if setup.precision is Precision.FP32 else 2
+    spec = setup.model
+    return act.tokens(setup) * c * (3 * spec.intermediate_size + spec.hidden_size)
+
+
+def _recompute_candidates(setup: TrainingSetup, states: dict[MemCategory, int], layer_acts: int, g: int,
+                          workspace: int) -> list[dict[MemCategory, int]]:
+    """Backward with checkpointing peaks inside a recomputed layer: its whole inventory again, its
+    gradient temporaries, and the gradients produced so far.
+
+    Checked at the top layer: every layer input still held, few gradients yet.
+    """
+    layer = act.layer_activation_bytes(setup)
+    fixed = act.layer_fixed_bytes(setup) + recompute_gradient_bytes(setup) + workspace
+    # by then the head, the final norm and the loss have run their backward: only the layers' inputs remain
+    inputs = setup.model.num_hidden_layers * act.checkpoint_layer_bytes(setup) + act.rope_bytes(setup)
+    trained = g if setup.method is not Method.FULL else 0  # LoRA: adapter gradients (small) held throughout
+    # NB: full fine-tuning's gradients grow as the layers go by while their inputs are freed; the
+    # end-of-backward candidate covers the bottom of that range.
+    return [{**states, MemCategory.ACTIVATIONS: inputs + layer, MemCategory.GRADIENTS: trained,
+             MemCategory.WORKSPACE: fixed}]
 
 
 def host_ram_bytes(setup: TrainingSetup) -> int:
