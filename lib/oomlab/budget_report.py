@@ -218,3 +218,20 @@ def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
     else:
         lines.append("None of these variants fits this GPU; see the remediations notebook for the rest.")
     return "\n\n".join(lines)
+
+
+SMALL_LIVE_CASES = ("full fp16-mixed AdamW", "LoRA r8 fp16-mixed AdamW, checkpointing",
+                    "QLoRA r8 bf16-mixed AdamW (NF4, double quant)")
+SMALL_HEADERS = ["tiny setup (trained for real on CPU)", "analytic", "measured", "ratio", "peak phase"]
+
+
+def small_scale_rows(labels: Sequence[str] = SMALL_LIVE_CASES) -> list[list[str]]:
+    """Measure a few tiny setups for real now (seconds each) and set the analytic figure beside each."""
+    from oomlab.agreement_small import SMALL_CASES, compare_small
+
+    rows = []
+    for case in (c for c in SMALL_CASES if c.label in labels):
+        r = compare_small(case)
+        rows.append([case.label, f"{r.analytic_peak_bytes:,} B", f"{r.measured_peak_bytes:,} B", f"{r.ratio:.4f}",
+                     r.analytic_peak_phase.value])
+    return rows
