@@ -149,3 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def worst_row(committed: dict[str, Any]) -> dict[str, Any]:
+    """The committed row whose ratio is farthest from 1."""
+    return max(committed["rows"], key=lambda r: abs(r["ratio"] - 1))

@@ -76,10 +76,21 @@ def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets}
 
 
+def _size(text: str) -> int:
+    from oomlab.units import parse_size
+
+    try:
+        return parse_size(text)
+    except OomlabError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
 def build_parser() -> argparse.ArgumentParser:
     from oomlab.allocator import MESSAGE_FORMAT_NAMES
     from oomlab.budget import SOURCES
+    from oomlab.configs import CONFIGS_DIR
     from oomlab.reproduce import DEVICES
+    from oomlab.training import Optimizer, Precision
 
     parser = _Parser(prog="python -m oomlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -114,6 +125,27 @@ def build_parser() -> argparse.ArgumentParser:
     bud.add_argument("--source", choices=SOURCES, default="analytic",
                      help="analytic (formulas, microseconds) or traced (PyTorch's MemTracker on fake tensors)")
     bud.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    pln = sub.add_parser("plan", help="every remedy for training the model on these GPUs: budgeted, ranked, "
+                         "with the knob table and the launch files")
+    pln.add_argument("--model", default="llama-13b", help="model spec name or path to a config.json")
+    pln.add_argument("--gpu", default="t4", help="GPU spec name (default t4)")
+    pln.add_argument("--gpus", type=_positive_int, default=4, help="GPUs per node (default 4)")
+    pln.add_argument("--nodes", type=_positive_int, default=1, help="nodes (default 1)")
+    pln.add_argument("--host-ram", type=_size, default="192GiB",
+                     help="host RAM per node (default 192GiB: the 4 x T4 g4dn.12xlarge, an assumption)")
+    pln.add_argument("--seq", type=_positive_int, default=2048, help="target sequence length (default 2048)")
+    pln.add_argument("--batch", type=_positive_int, default=1, help="the user's micro-batch per GPU (default 1)")
+    pln.add_argument("--precision", choices=[p.value for p in Precision], default="fp16-mixed",
+                     help="the user's precision (default fp16-mixed)")
+    pln.add_argument("--optimizer", choices=[o.value for o in Optimizer], default="adamw",
+                     help="the user's optimizer (default adamw)")
+    pln.add_argument("--checkpointing", action="store_true", help="the user's run used activation checkpointing")
+    pln.add_argument("--lora-rank", type=_positive_int, default=8, help="LoRA rank of the LoRA/QLoRA remedies")
+    pln.add_argument("--top", type=_positive_int, default=15, help="remedies shown (default 15; --json has all)")
+    pln.add_argument("--write-configs", type=Path, nargs="?", const=CONFIGS_DIR, default=None, metavar="DIR",
+                     help=f"also write the launch files (default folder {CONFIGS_DIR})")
+    pln.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     run = sub.add_parser("run", help="run the notebooks with papermill and render outputs/report.html")
     run.add_argument("--params", type=Path, default=None, help="YAML file of parameters")
@@ -200,6 +232,28 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from oomlab.plan import make_plan, render_plan
+
+    plan = make_plan(model=args.model, gpu=args.gpu, gpus=args.gpus, nodes=args.nodes, host_ram=args.host_ram,
+                     seq=args.seq, batch=args.batch, precision=args.precision, optimizer=args.optimizer,
+                     checkpointing=args.checkpointing, lora_rank=args.lora_rank)
+    written = None
+    if args.write_configs is not None:
+        from oomlab.configs import write_configs
+
+        written = write_configs(args.write_configs, plan)
+    if args.json:
+        data = plan.to_dict()
+        data["configs_written"] = None if written is None else {k: str(v) for k, v in written.items()}
+        print(json.dumps(data, indent=2))
+    else:
+        print(render_plan(plan, top=args.top))
+        if written:
+            print(f"launch files written to {args.write_configs}: {', '.join(written)}")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from oomlab import paths, pipeline
 
@@ -214,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers: dict[str, Any] = {"reproduce": _cmd_reproduce, "explain": _cmd_explain, "budget": _cmd_budget,
-                                "run": _cmd_run}
+                                "plan": _cmd_plan, "run": _cmd_run}
     try:
         return handlers[args.command](args)
     except OomlabError as err:

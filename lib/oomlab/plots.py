@@ -68,3 +68,37 @@ def plot_apply_walks(
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+def plot_fit_maps(maps: Sequence[Any], title: str = "Per-GPU peak over micro-batch × sequence length") -> Any:
+    """One heat map per remedy (:class:`oomlab.plan.FitMap`): per-GPU peak as a share of the GPU's capacity.
+
+    Each cell shows the peak in GiB; cells that fit are marked with a check, those that do not are hatched grey.
+    """
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    n = max(1, len(maps))
+    fig = Figure(figsize=(4.2 * n, 3.8), dpi=110)
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    image = None
+    for ax, fm in zip(axes, maps, strict=False):
+        share = np.array(fm.peak_bytes, dtype=float) / fm.capacity_bytes
+        image = ax.imshow(np.minimum(share, 2.0), cmap="RdYlGn_r", vmin=0.0, vmax=2.0, origin="lower",
+                          aspect="auto")
+        for i, _ in enumerate(fm.batches):
+            for j, _ in enumerate(fm.seqs):
+                label = f"{fm.peak_bytes[i][j] / GiB:.1f}" + ("\n✓" if fm.fits[i][j] else "")
+                ax.text(j, i, label, ha="center", va="center", fontsize=6.5,
+                        color="black" if fm.fits[i][j] else "white")
+        ax.set_xticks(range(len(fm.seqs)), [str(s) for s in fm.seqs], fontsize=7)
+        ax.set_yticks(range(len(fm.batches)), [str(b) for b in fm.batches], fontsize=7)
+        ax.set_xlabel("sequence length (tokens)", fontsize=8)
+        ax.set_ylabel("micro-batch per GPU", fontsize=8)
+        ax.set_title(fm.name.replace(" · ", "\n", 2), fontsize=7.5)
+    if image is not None:
+        bar = fig.colorbar(image, ax=list(axes), shrink=0.85)
+        bar.set_label("per-GPU peak / capacity (GiB in cells; ✓ fits)", fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.subplots_adjust(top=0.78, wspace=0.35)
+    return fig
