@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export MPLBACKEND := Agg
 
-.PHONY: install report test lint clean
+.PHONY: install report test lint browser clean
 
 install: $(STAMP)
 
@@ -24,9 +24,18 @@ report: install
 	$(PY) -m oomlab run
 
 lint: install
-	$(PY) -m ruff check lib tests notebooks benchmarks
+	$(PY) -m ruff check lib tests notebooks benchmarks scripts
 
-test: install lint
+# The browser tests drive Debian's chromium through Playwright (never a downloaded browser): install it when
+# missing and root; elsewhere those tests skip and say why.
+browser:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium) \
+	      || echo "could not install chromium: the browser tests will skip"; \
+	  else echo "chromium not found and not root: the browser tests will skip (sudo apt-get install -y chromium)"; fi; }
+
+test: install lint browser
 	$(PY) -m pytest
 
 clean:

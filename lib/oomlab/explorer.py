@@ -1,0 +1,389 @@
+"""The interactive explorer: ipywidgets controls → the analytic budget, a stacked bar and the verdict.
+
+Compute apart from display: :func:`explore` turns the controls' :class:`Choices` into an
+:class:`Exploration` (the budget, or why the choices are not a valid setup, and the largest micro-batch
+that fits); :func:`render_verdict` words it; :class:`BudgetBar` draws it as PNG bytes.  :class:`Explorer`
+wires them to widgets, so a test sets ``explorer.controls["gpu"].value = "a100-80gb"`` and reads
+``explorer.verdict.value`` and ``explorer.bar.value`` without a browser.
+
+The bar is an ``ipywidgets.Image`` holding PNG bytes drawn by matplotlib's Agg canvas on one reused
+``Figure`` (no pyplot, no ``Output`` widget): the bytes reach JupyterLab as one binary buffer per update and
+render the same in every front end.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from oomlab.budget import BudgetResult, MemCategory, estimate_setup
+from oomlab.errors import InvalidValueError, OomlabError, UnknownNameError
+from oomlab.specs import known_gpus, known_models, load_gpu, load_model
+from oomlab.training import Method, Optimizer, Precision, Strategy, TrainingSetup, make_setup
+from oomlab.units import GiB, format_size, parse_size
+
+MAX_BATCH_SEARCH = 4096  # the largest micro-batch the search tries; "4096 or more" beyond it
+DEFAULT_HOST_RAM = "192GiB"  # NB: assumed, as in the pipeline: a 4 x T4 g4dn.12xlarge has 192 GiB
+
+GREEN, RED = "#1a7f37", "#b42318"
+# One fixed colour per component, so a component keeps its colour from one update to the next.
+COLOURS = {
+    MemCategory.WEIGHTS: "#4c72b0",
+    MemCategory.GRADIENTS: "#dd8452",
+    MemCategory.MASTER_WEIGHTS: "#8172b3",
+    MemCategory.OPTIMIZER_STATE: "#c44e52",
+    MemCategory.ACTIVATIONS: "#55a868",
+    MemCategory.LOGITS_LOSS: "#937860",
+    MemCategory.WORKSPACE: "#da8bc3",
+    MemCategory.OUTSIDE_PYTORCH: "#8c8c8c",
+    MemCategory.ALLOCATOR_OVERHEAD: "#ccb974",
+}
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What the explorer's controls hold: names as typed on the CLI, sizes in bytes."""
+
+    model: str = "llama-13b"  # shipped spec name or path to a config.json
+    gpu: str = "t4"
+    gpus: int = 4  # GPUs on the one node
+    strategy: str = "single"
+    method: str = "full"
+    precision: str = "fp16-mixed"
+    optimizer: str = "adamw"
+    batch: int = 1  # micro-batch per GPU
+    seq: int = 2048  # sequence length in tokens
+    checkpointing: bool = False
+    lora_rank: int = 8  # used by lora / qlora only
+    host_ram_bytes: int = parse_size(DEFAULT_HOST_RAM)  # host RAM of the node
+
+    def setup(self) -> TrainingSetup:
+        """The validated training setup (raises :class:`~oomlab.errors.OomlabError` with the reason)."""
+        return make_setup(model=self.model, gpu=self.gpu, gpus=self.gpus, strategy=self.strategy,
+                          method=self.method, precision=self.precision, optimizer=self.optimizer,
+                          batch=self.batch, seq=self.seq, checkpointing=self.checkpointing,
+                          lora_rank=self.lora_rank)
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """The analytic budget of one set of choices, or why they are not a valid setup."""
+
+    choices: Choices
+    result: BudgetResult | None  # None when the choices are invalid
+    error: str | None  # the validation error's message when they are
+    largest_batch: int | None  # largest micro-batch that fits per GPU; None if invalid or not even 1 fits
+
+    @property
+    def host_ram_fits(self) -> bool | None:
+        """Does the node's host RAM hold what the setup needs there? None when the setup is invalid."""
+        if self.result is None:
+            return None
+        return self.result.host_ram_bytes <= self.choices.host_ram_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Fits on every GPU and in host RAM."""
+        return self.result is not None and self.result.fits and bool(self.host_ram_fits)
+
+    @property
+    def segments(self) -> dict[MemCategory, int]:
+        """The bar's data: per-GPU bytes by component at the peak, in :class:`MemCategory` order."""
+        if self.result is None:
+            return {}
+        return {c: self.result.components[c] for c in MemCategory if self.result.components.get(c)}
+
+
+def largest_micro_batch(setup: TrainingSetup, limit: int = MAX_BATCH_SEARCH) -> int | None:
+    """The largest micro-batch (≤ ``limit``) whose analytic per-GPU peak fits; None if 1 does not.
+
+    Memory grows with the micro-batch, so doubling then bisecting needs about 2·log2(limit) estimates.
+    """
+
+    def fits(batch: int) -> bool:
+        return estimate_setup(replace(setup, batch=batch)).fits
+
+    if not fits(1):
+        return None
+    good, bad = 1, None
+    while bad is None:
+        trial = min(2 * good, limit)
+        if trial == good:
+            return good
+        if fits(trial):
+            good = trial
+        else:
+            bad = trial
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def explore(choices: Choices) -> Exploration:
+    """The budget of ``choices``; invalid combinations give their error message instead of raising."""
+    try:
+        setup = choices.setup()
+    except OomlabError as err:
+        return Exploration(choices=choices, result=None, error=str(err), largest_batch=None)
+    return Exploration(choices=choices, result=estimate_setup(setup), error=None,
+                       largest_batch=largest_micro_batch(setup))
+
+
+# ------------------------------------------------------------------------------------------ display
+
+
+def render_verdict(exploration: Exploration) -> list[str]:
+    """The verdict in plain sentences: fits or not and why, headroom, host RAM, the largest micro-batch."""
+    if exploration.result is None:
+        return [f"Not a valid setup: {exploration.error}"]
+    r, c = exploration.result, exploration.choices
+    s = r.setup
+    where = f"{s.world_size} x {s.gpu.display_name} ({format_size(r.capacity_bytes)} each)"
+    if r.fits:
+        gpu_line = (f"Fits on {where}: {format_size(r.per_gpu_peak_bytes)} per GPU at the {r.peak_phase.value} "
+                    f"peak, headroom {format_size(r.headroom_bytes)}.")
+    else:
+        breaking = r.breaking_component
+        gpu_line = (f"Does not fit on {where}: needs {format_size(r.per_gpu_peak_bytes)} per GPU at the "
+                    f"{r.peak_phase.value} peak, short by {format_size(-r.headroom_bytes)}; the largest component "
+                    f"is {breaking.value} ({format_size(r.components[breaking])}).")
+    host_ok = exploration.host_ram_fits
+    host_line = (f"Host RAM: needs {format_size(r.host_ram_bytes)} of {format_size(c.host_ram_bytes)} on the node"
+                 + (" - fits." if host_ok else f" - does not fit, short by "
+                    f"{format_size(r.host_ram_bytes - c.host_ram_bytes)}."))
+    if exploration.largest_batch is None:
+        batch_line = f"Largest micro-batch that fits: none - even micro-batch 1 at sequence length {s.seq} is too big."
+    elif exploration.largest_batch >= MAX_BATCH_SEARCH:
+        batch_line = f"Largest micro-batch that fits: {MAX_BATCH_SEARCH} or more at sequence length {s.seq}."
+    else:
+        batch_line = f"Largest micro-batch that fits: {exploration.largest_batch} at sequence length {s.seq}."
+    return [gpu_line, host_line, batch_line]
+
+
+def render_verdict_html(exploration: Exploration) -> str:
+    """:func:`render_verdict` as escaped HTML: the GPU and host-RAM lines green when they fit, else red."""
+    lines = [html.escape(line) for line in render_verdict(exploration)]
+    r = exploration.result
+    colours = [RED] if r is None else [GREEN if r.fits else RED, GREEN if exploration.host_ram_fits else RED, ""]
+    spans = [f'<span style="color:{colour}">{line}</span>' if colour else line
+             for line, colour in zip(lines, colours, strict=True)]
+    spans[0] = f"<b>{spans[0]}</b>"
+    return f'<div class="oomlab-verdict-text" style="line-height:1.5">{"<br>".join(spans)}</div>'
+
+
+class BudgetBar:
+    """One horizontal stacked bar of per-GPU bytes by component against the GPU's capacity.
+
+    The figure, its bars and its capacity line are made once; :meth:`render` moves them and saves a PNG.
+    """
+
+    def __init__(self, width_in: float = 7.0, height_in: float = 2.4, dpi: int = 80) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.figure = Figure(figsize=(width_in, height_in), dpi=dpi)  # not pyplot: no global state
+        FigureCanvasAgg(self.figure)
+        self.dpi = dpi
+        ax = self.axes = self.figure.add_axes((0.04, 0.42, 0.92, 0.40))
+        self.rects = {c: ax.barh([0], [0], left=[0], height=0.6, color=COLOURS[c])[0] for c in MemCategory}
+        for category, rect in self.rects.items():
+            rect.set_label(category.value)
+        self.capacity_line = ax.axvline(0, color="black", linewidth=1.5)
+        self.capacity_label = ax.text(0, 0.42, "", ha="right", va="bottom", fontsize=8)
+        ax.set_yticks([])
+        ax.set_ylim(-0.5, 0.75)
+        ax.set_xlabel("GiB per GPU (analytic budget)", fontsize=8)
+        ax.tick_params(axis="x", labelsize=8)
+        self.title = ax.set_title("", fontsize=9, loc="left")
+
+    def render(self, exploration: Exploration) -> bytes:
+        """PNG bytes of the bar for ``exploration`` (an empty bar and the reason when invalid)."""
+        segments = exploration.segments
+        left = 0.0
+        for category, rect in self.rects.items():
+            width = segments.get(category, 0) / GiB
+            rect.set_x(left)
+            rect.set_width(width)
+            left += width
+        ax = self.axes
+        r = exploration.result
+        if r is None:
+            self.capacity_line.set_visible(False)
+            self.capacity_label.set_text("")
+            ax.set_xlim(0, 1)
+            self.title.set_text("not a valid setup (see the verdict)")
+            self.title.set_color(RED)
+            legend = ax.get_legend()
+            if legend is not None:
+                legend.remove()
+        else:
+            capacity = r.capacity_bytes / GiB
+            self.capacity_line.set_visible(True)
+            self.capacity_line.set_xdata([capacity, capacity])
+            right = 1.05 * max(capacity, left)
+            ax.set_xlim(0, right)
+            self.capacity_label.set_position((capacity, 0.42))
+            if capacity > right / 2:  # the label on the line's left, else on its right
+                self.capacity_label.set_text(f"capacity {format_size(r.capacity_bytes)} ")
+                self.capacity_label.set_horizontalalignment("right")
+            else:
+                self.capacity_label.set_text(f" capacity {format_size(r.capacity_bytes)}")
+                self.capacity_label.set_horizontalalignment("left")
+            verdict = "fits" if r.fits else "does not fit"
+            self.title.set_text(f"{r.setup.model.name} on {r.setup.gpu.display_name}: "
+                                f"{format_size(r.per_gpu_peak_bytes)} per GPU - {verdict}")
+            self.title.set_color(GREEN if r.fits else RED)
+            shown = [self.rects[c] for c in segments]
+            ax.legend(handles=shown, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=min(5, len(shown)) or 1,
+                      fontsize=7, frameon=False, handlelength=1.2, columnspacing=1.0)
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png", dpi=self.dpi)
+        return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------------------------ widgets
+
+
+def _control_widgets(choices: Choices) -> dict[str, Any]:
+    import ipywidgets as w
+
+    style = {"description_width": "120px"}
+    layout = w.Layout(width="390px")
+    models = known_models()
+    if choices.model not in models:  # a config.json path: validated now, offered beside the shipped names
+        models.append(load_model(choices.model).name)
+    gpu_options = [(f"{load_gpu(g).display_name} ({format_size(load_gpu(g).total_memory_bytes)})", g)
+                   for g in known_gpus()]
+    gpu = load_gpu(choices.gpu).name  # validates the name; canonical spelling
+
+    def dropdown(label: str, options: Any, value: Any) -> Any:
+        return w.Dropdown(description=label, options=options, value=value, style=style, layout=layout)
+
+    def number(label: str, value: int, low: int, high: int) -> Any:
+        return w.BoundedIntText(description=label, value=value, min=low, max=high, style=style, layout=layout)
+
+    return {
+        "model": dropdown("model", models, load_model(choices.model).name),
+        "gpu": dropdown("GPU", gpu_options, gpu),
+        "gpus": w.IntSlider(description="GPUs", value=choices.gpus, min=1, max=max(16, choices.gpus),
+                            style=style, layout=layout, continuous_update=False),
+        "strategy": dropdown("strategy", [s.value for s in Strategy], Strategy(choices.strategy).value),
+        "method": w.ToggleButtons(options=[m.value for m in Method], value=Method(choices.method).value,
+                                  style={"button_width": "76px"}),
+        "precision": dropdown("precision", [p.value for p in Precision], Precision(choices.precision).value),
+        "optimizer": dropdown("optimizer", [o.value for o in Optimizer], Optimizer(choices.optimizer).value),
+        "batch": number("micro-batch", choices.batch, 1, 1 << 20),
+        "seq": number("sequence length", choices.seq, 1, 1 << 22),
+        "checkpointing": w.Checkbox(description="activation checkpointing", value=choices.checkpointing,
+                                    style=style, layout=layout),
+        "lora_rank": number("LoRA rank", choices.lora_rank, 1, 4096),
+        "host_ram_bytes": w.BoundedFloatText(description="host RAM (GiB)", value=choices.host_ram_bytes / GiB,
+                                             min=0, max=1 << 20, style=style, layout=layout),
+    }
+
+
+def _side_label(text: str) -> Any:
+    """A label like the other controls' descriptions (right-aligned in 120 px)."""
+    import ipywidgets as w
+
+    return w.HTML(f'<div style="text-align:right;padding-right:8px">{html.escape(text)}</div>',
+                  layout=w.Layout(width="120px", min_width="120px"))
+
+
+class Explorer:
+    """The widgets and their callback: every change of a control re-estimates and redraws.
+
+    ``controls`` maps each :class:`Choices` field to its widget; ``verdict`` (HTML), ``bar`` (Image, PNG
+    bytes) and ``ui`` (the whole box, what a notebook displays) are widgets too.  ``exploration`` is the
+    latest :class:`Exploration`; ``last_update_s`` how long the latest update took.
+    """
+
+    def __init__(self, choices: Choices) -> None:
+        import ipywidgets as w
+
+        self.controls = _control_widgets(choices)
+        self.chart = BudgetBar()
+        self.verdict = w.HTML(layout=w.Layout(width="560px"))
+        self.verdict.add_class("oomlab-verdict")
+        self.bar = w.Image(format="png", layout=w.Layout(width="560px"))
+        self.bar.add_class("oomlab-bar")
+        rows = [w.HBox([_side_label("method"), control]) if name == "method" else control
+                for name, control in self.controls.items()]  # ToggleButtons' own description wraps above them
+        self.ui = w.HBox([w.VBox(rows), w.VBox([self.bar, self.verdict])],
+                         layout=w.Layout(flex_flow="row wrap"))  # the bar goes below the controls when narrow
+        self.ui.add_class("oomlab-explorer")
+        self.exploration: Exploration | None = None
+        self.last_update_s = 0.0
+        self.update()
+        for control in self.controls.values():
+            control.observe(self._on_change, names="value")
+
+    @property
+    def choices(self) -> Choices:
+        """The controls' current values."""
+        values = {f.name: self.controls[f.name].value for f in fields(Choices)}
+        values["host_ram_bytes"] = round(values["host_ram_bytes"] * GiB)
+        return Choices(**values)
+
+    @property
+    def bar_data(self) -> dict[MemCategory, int]:
+        """The bar's segments as drawn: per-GPU bytes by component."""
+        return self.exploration.segments if self.exploration else {}
+
+    def _on_change(self, change: dict[str, Any]) -> None:
+        self.update()
+
+    def update(self) -> Exploration:
+        """Re-estimate from the controls and redraw the bar and the verdict."""
+        import time
+
+        start = time.perf_counter()
+        exploration = explore(self.choices)
+        self.controls["lora_rank"].disabled = exploration.choices.method == Method.FULL.value
+        self.bar.value = self.chart.render(exploration)
+        self.verdict.value = render_verdict_html(exploration)
+        self.exploration = exploration
+        self.last_update_s = time.perf_counter() - start
+        return exploration
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.ui._repr_mimebundle_(**kwargs)
+
+
+def build_explorer(
+    model: str = Choices.model,
+    gpu: str = Choices.gpu,
+    gpus: int = Choices.gpus,
+    strategy: str = Choices.strategy,
+    method: str = Choices.method,
+    precision: str = Choices.precision,
+    optimizer: str = Choices.optimizer,
+    batch: int = Choices.batch,
+    seq: int = Choices.seq,
+    checkpointing: bool = Choices.checkpointing,
+    lora_rank: int = Choices.lora_rank,
+    host_ram: str | int = DEFAULT_HOST_RAM,
+) -> Explorer:
+    """The explorer's widgets, starting from these choices (the notebook's parameters).
+
+    Unknown names raise :class:`~oomlab.errors.UnknownNameError` listing the known ones; a valid name in an
+    invalid combination (bf16 on a T4, say) is shown as the verdict.  ``host_ram``: ``"192GiB"`` or bytes.
+    """
+    for kind, enum_type, value in (("strategy", Strategy, strategy), ("method", Method, method),
+                                   ("precision", Precision, precision), ("optimizer", Optimizer, optimizer)):
+        if value not in {m.value for m in enum_type}:
+            raise UnknownNameError(kind, value, [m.value for m in enum_type])
+    for name, number in (("gpus", gpus), ("batch", batch), ("seq", seq), ("lora_rank", lora_rank)):
+        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+            raise InvalidValueError(f"invalid {name} {number!r}; must be an integer >= 1")
+    choices = Choices(model=model, gpu=gpu, gpus=gpus, strategy=strategy, method=method, precision=precision,
+                      optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing, lora_rank=lora_rank,
+                      host_ram_bytes=parse_size(host_ram))
+    return Explorer(choices)
+

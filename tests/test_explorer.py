@@ -1,0 +1,230 @@
+"""The explorer's callbacks, driven by setting widget values in Python (no browser, no kernel)."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from oomlab.budget import MemCategory, estimate_setup
+from oomlab.errors import InvalidValueError, UnknownNameError
+from oomlab.explorer import (
+    MAX_BATCH_SEARCH,
+    Choices,
+    build_explorer,
+    explore,
+    largest_micro_batch,
+    render_verdict,
+)
+from oomlab.specs import known_gpus
+from oomlab.training import make_setup
+from oomlab.units import GiB, format_size
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def explorer():
+    """One explorer for the module (its figure is reused, as in a notebook); each test resets it."""
+    return build_explorer()
+
+
+@pytest.fixture
+def seed(explorer):
+    """The explorer back at the seed's setup: llama-13b, 4 x T4, full fine-tuning, fp16-mixed, AdamW."""
+    defaults = Choices()
+    for name, control in explorer.controls.items():
+        value = getattr(defaults, name)
+        control.value = value / GiB if name == "host_ram_bytes" else value
+    return explorer
+
+
+def test_seed_does_not_fit_and_names_the_largest_component(seed) -> None:
+    """The seed's setup: does not fit, short by the headroom, naming the largest component."""
+    r = seed.exploration.result
+    assert not r.fits
+    breaking = r.breaking_component
+    assert render_verdict(seed.exploration)[0] == (
+        f"Does not fit on 4 x Tesla T4 (14.75 GiB each): needs {format_size(r.per_gpu_peak_bytes)} per GPU at the "
+        f"{r.peak_phase.value} peak, short by {format_size(-r.headroom_bytes)}; the largest component is "
+        f"{breaking.value} ({format_size(r.components[breaking])})."
+    )
+    assert "Does not fit on 4 x Tesla T4" in seed.verdict.value
+
+
+def test_bar_data_is_the_budget_at_the_peak(seed) -> None:
+    """The bar's segments are the budget's components (no zeros) and add up to the per-GPU peak."""
+    r = seed.exploration.result
+    assert sum(seed.bar_data.values()) == r.per_gpu_peak_bytes
+    assert all(v > 0 for v in seed.bar_data.values())
+    assert list(seed.bar_data) == [c for c in MemCategory if c in seed.bar_data]  # enum order
+    assert MemCategory.OUTSIDE_PYTORCH in seed.bar_data
+    assert bytes(seed.bar.value).startswith(PNG_MAGIC)
+
+
+def test_changing_gpu_and_method_changes_verdict_and_bar(seed) -> None:
+    """full -> lora on 4 x A100-80GB: the verdict turns to fits and the bar is redrawn."""
+    verdict, png, data = seed.verdict.value, seed.bar.value, seed.bar_data
+    seed.controls["gpu"].value = "a100-80gb"
+    seed.controls["method"].value = "lora"
+    assert seed.exploration.result.fits
+    assert render_verdict(seed.exploration)[0].startswith("Fits on 4 x NVIDIA A100-SXM4-80GB (79.35 GiB each): ")
+    assert seed.verdict.value != verdict
+    assert seed.bar.value != png and bytes(seed.bar.value).startswith(PNG_MAGIC)
+    assert seed.bar_data != data
+    assert seed.bar_data[MemCategory.WEIGHTS] < data[MemCategory.WEIGHTS] // 2 + GiB  # half weights, not fp32
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"precision": "bf16-mixed"},  # the T4 (compute capability 7.5) has no bfloat16
+         "precision 'bf16-mixed' needs bfloat16, which the Tesla T4 (compute capability 7.5) lacks; "
+         "use fp16-mixed or fp32 on this GPU"),
+        ({"method": "qlora", "precision": "fp32"},
+         "method 'qlora' computes in half precision over a 4-bit base; precision 'fp32' is not a QLoRA setup: "
+         "use fp16-mixed (or bf16-mixed where the GPU has bf16)"),
+    ],
+)
+def test_invalid_combination_shows_the_error_as_verdict(seed, changes, message) -> None:
+    """An invalid combination does not raise: its message is the verdict and the bar is empty."""
+    for name, value in changes.items():
+        seed.controls[name].value = value
+    assert seed.exploration.error == message
+    assert render_verdict(seed.exploration) == [f"Not a valid setup: {message}"]
+    assert "Not a valid setup: " in seed.verdict.value
+    assert seed.bar_data == {}
+    assert seed.exploration.largest_batch is None and not seed.exploration.fits
+
+
+def test_recovers_after_an_invalid_combination(seed) -> None:
+    """Making the choice valid again brings the budget back."""
+    seed.controls["precision"].value = "bf16-mixed"
+    seed.controls["gpu"].value = "a100-80gb"
+    assert seed.exploration.error is None and seed.bar_data
+
+
+def test_lora_rank_is_enabled_only_for_lora_methods(seed) -> None:
+    """The LoRA rank control is greyed out under full fine-tuning."""
+    assert seed.controls["lora_rank"].disabled
+    seed.controls["method"].value = "qlora"
+    assert not seed.controls["lora_rank"].disabled
+
+
+def test_lora_rank_changes_the_budget(seed) -> None:
+    """A higher LoRA rank means more adapter gradients and optimizer state."""
+    seed.controls["method"].value = "lora"
+    before = seed.bar_data[MemCategory.OPTIMIZER_STATE]
+    seed.controls["lora_rank"].value = 64
+    assert seed.bar_data[MemCategory.OPTIMIZER_STATE] == 8 * before
+
+
+def test_host_ram_control(seed) -> None:
+    """The host-RAM line compares what the node needs with the host-RAM control."""
+    seed.controls["method"].value = "lora"
+    need = seed.exploration.result.host_ram_bytes
+    seed.controls["host_ram_bytes"].value = 4 * need / GiB
+    assert seed.exploration.host_ram_fits
+    assert render_verdict(seed.exploration)[1] == (
+        f"Host RAM: needs {format_size(need)} of {format_size(4 * need)} on the node - fits.")
+    seed.controls["host_ram_bytes"].value = 1.0
+    assert not seed.exploration.host_ram_fits
+    assert render_verdict(seed.exploration)[1] == (
+        f"Host RAM: needs {format_size(need)} of 1024.00 MiB on the node - does not fit, "
+        f"short by {format_size(need - GiB)}.")
+
+
+def test_largest_micro_batch_line(seed) -> None:
+    """The verdict names the largest micro-batch, or says that not even 1 fits."""
+    assert render_verdict(seed.exploration)[2] == (
+        "Largest micro-batch that fits: none - even micro-batch 1 at sequence length 2048 is too big.")
+    seed.controls["gpu"].value = "h200"
+    seed.controls["method"].value = "qlora"
+    best = seed.exploration.largest_batch
+    assert best is not None and best > 1
+    assert render_verdict(seed.exploration)[2] == f"Largest micro-batch that fits: {best} at sequence length 2048."
+
+
+def test_choices_round_trip(explorer) -> None:
+    """The controls hold exactly what build_explorer was given."""
+    wanted = Choices(model="llama-2-7b", gpu="a10g", gpus=2, strategy="fsdp", method="lora", precision="bf16-mixed",
+                     optimizer="adamw-8bit", batch=3, seq=1024, checkpointing=True, lora_rank=16,
+                     host_ram_bytes=64 * GiB)
+    kwargs = dict(vars(wanted))
+    kwargs["host_ram"] = kwargs.pop("host_ram_bytes")
+    built = build_explorer(**kwargs)
+    assert built.choices == wanted
+    assert built.exploration.result.setup == wanted.setup()
+
+
+def test_every_gpu_is_offered(explorer) -> None:
+    """The GPU dropdown lists every shipped GPU, labelled with its capacity."""
+    options = explorer.controls["gpu"].options
+    assert [value for _, value in options] == known_gpus()
+    assert ("Tesla T4 (14.75 GiB)", "t4") in options
+
+
+def test_model_from_a_config_path(tmp_path) -> None:
+    """A config.json path is validated and offered beside the shipped models."""
+    config = {"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "vocab_size": 320, "model_type": "llama"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    built = build_explorer(model=str(path), gpu="t4", gpus=1)
+    assert built.controls["model"].value == str(path)
+    assert built.exploration.result.fits
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"gpu": "h9000"}, UnknownNameError,
+         "unknown GPU 'h9000'; known: a100-40gb, a100-80gb, a10g, h100-80gb, h200, l4, t4, v100-16gb, v100-32gb"),
+        ({"strategy": "zero4"}, UnknownNameError,
+         "unknown strategy 'zero4'; known: ddp, fsdp, fsdp-offload, single, zero1, zero2"),
+        ({"batch": 0}, InvalidValueError, "invalid batch 0; must be an integer >= 1"),
+        ({"host_ram": "lots"}, InvalidValueError, None),  # parse_size's own message
+    ],
+)
+def test_bad_initial_values_raise(kwargs, error, message) -> None:
+    """Unknown names and impossible numbers are refused up front, naming the value."""
+    with pytest.raises(error) as info:
+        build_explorer(**kwargs)
+    if message is not None:
+        assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"model": "llama-7b", "gpu": "h200", "method": "lora"},
+        {"model": "llama-13b", "gpu": "a10g", "method": "qlora", "checkpointing": True},
+        {"model": "llama-2-70b", "gpu": "h100-80gb", "gpus": 8, "strategy": "fsdp", "method": "lora",
+         "precision": "bf16-mixed", "checkpointing": True},
+    ],
+)
+def test_largest_micro_batch_is_the_boundary(changes) -> None:
+    """The largest micro-batch fits and one more does not."""
+    setup = make_setup(**changes)
+    best = largest_micro_batch(setup)
+    assert best is not None and best < MAX_BATCH_SEARCH
+    assert estimate_setup(replace(setup, batch=best)).fits
+    assert not estimate_setup(replace(setup, batch=best + 1)).fits
+
+
+def test_largest_micro_batch_none_and_limit() -> None:
+    """None when micro-batch 1 does not fit; the search limit when even that fits."""
+    assert largest_micro_batch(make_setup(model="llama-65b", gpu="t4")) is None
+    tiny = make_setup(model="llama-7b", gpu="h200", method="qlora", seq=16, checkpointing=True)
+    assert largest_micro_batch(tiny, limit=8) == 8
+
+
+def test_explore_does_not_raise_on_invalid_choices() -> None:
+    """explore() returns the error message rather than raising."""
+    result = explore(Choices(gpu="v100-16gb", precision="bf16"))
+    assert result.result is None and result.error.startswith("precision 'bf16' needs bfloat16")
+
+
+def test_displays_as_a_widget(explorer) -> None:
+    """The explorer displays as its widget box."""
+    bundle = explorer._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == explorer.ui.model_id
