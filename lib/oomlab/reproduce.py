@@ -385,3 +385,20 @@ def facts(result: ReproduceResult) -> list[tuple[str, str]]:
         ("memory outside PyTorch", f"{format_size(result.outside_pytorch_bytes)}: {result.outside_pytorch_source}"),
         ("whole model fits one GPU", "yes" if result.fits else "no"),
     ]
+
+
+def is_seed_case(result: ReproduceResult) -> bool:
+    """Is this the user's case (llama-13b in float16 on a T4)?"""
+    return (result.model, result.dtype, result.gpu) == (SEED_MODEL, SEED_DTYPE, SEED_GPU)
+
+
+def decoding_target(result: ReproduceResult) -> tuple[str, str] | None:
+    """What to decode beside the reproduction: the user's report for the user's case, else the reproduced
+    message (``None`` when nothing was raised)."""
+    from oomlab.seed import seed_report_text
+
+    if is_seed_case(result):
+        return "the user's message", seed_report_text()
+    if result.message:
+        return "the reproduced message", result.message
+    return None

@@ -1,0 +1,310 @@
+"""The final report's story, told from the results JSON the earlier notebooks wrote (nothing recomputed).
+
+Every function takes the loaded results (:func:`load_results`) and returns Markdown, table rows or a figure.
+Text that comes from the user (model paths, messages, names) is HTML-escaped before it reaches Markdown.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from oomlab.units import GiB, format_size
+
+NOTEBOOK_RESULTS = {"reproduce": "01_reproduce_oom", "budget": "02_memory_budget", "plan": "03_remediations"}
+
+
+def esc(value: Any) -> str:
+    """Escape user-supplied text for Markdown that becomes HTML."""
+    return html.escape(str(value), quote=True)
+
+
+def load_results(out_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """``{"reproduce": ..., "budget": ..., "plan": ...}`` from ``out_dir/results/*.json``; missing ones fail."""
+    results_dir = Path(out_dir) / "results"
+    loaded = {}
+    for key, stem in NOTEBOOK_RESULTS.items():
+        path = results_dir / f"{stem}.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no results at {str(path)!r}: run notebook {stem} first (python -m oomlab run)")
+        loaded[key] = json.loads(path.read_text())
+    return loaded
+
+
+def _size(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return format_size(value) if value >= 0 else "−" + format_size(-value)
+
+
+def _gpu_name(r: dict[str, Any]) -> str:
+    from oomlab.specs import load_gpu
+
+    return load_gpu(r["budget"]["case"]["gpu"]).display_name
+
+
+def title(r: dict[str, Any]) -> str:
+    case = r["budget"]["case"]
+    return f"## Can {esc(case['model'])} train on {case['gpus']} × {esc(_gpu_name(r))}?"
+
+
+def seed_table_rows(r: dict[str, Any]) -> list[list[str]]:
+    """The figure-by-figure comparison with the user's message, for the user's case only."""
+    return seed_rows(r) if is_seed_case(r) else []
+
+
+def is_seed_case(r: dict[str, Any]) -> bool:
+    from oomlab.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
+
+    c = r["reproduce"]["case"]
+    return (c["model"], c["dtype"], c["gpu"]) == (SEED_MODEL, SEED_DTYPE, SEED_GPU)
+
+
+def answer(r: dict[str, Any]) -> str:
+    """The answer in one paragraph: as configured, and otherwise."""
+    rep, bud, plan = r["reproduce"]["reproduce"], r["budget"], r["plan"]
+    case = bud["case"]
+    gpu = esc(_gpu_name(r))
+    configured = bud["configured"]
+    parts = []
+    if rep["raised"]:
+        parts.append(
+            f"**As configured, no.** Moving a full {esc(rep['dtype'])} replica of {esc(rep['model'])} to one "
+            f"{gpu} already fails: `model.to('cuda')` raises `{esc(rep['exception'])}` after "
+            f"{rep['moved_fraction']:.0%} of the parameters, because the weights alone need "
+            f"{format_size(rep['model_reserved_bytes'])} and a GPU offers {format_size(rep['total_bytes'])}."
+        )
+    else:
+        parts.append(
+            f"**Loading works:** a {esc(rep['dtype'])} replica of {esc(rep['model'])} "
+            f"({format_size(rep['model_reserved_bytes'])}) fits one {gpu} of {format_size(rep['total_bytes'])}."
+        )
+    verb = "fits" if configured["fits"] else "does not fit"
+    parts.append(
+        f"Training as configured ({esc(configured['strategy'])}, {esc(configured['method'])} fine-tuning, "
+        f"{esc(configured['precision'])}, {esc(configured['optimizer'])}, micro-batch {configured['batch']} × "
+        f"{configured['seq']} tokens) needs {format_size(configured['per_gpu_peak_bytes'])} per GPU and {verb} "
+        f"({format_size(abs(configured['headroom_bytes']))} "
+        f"{'to spare' if configured['fits'] else 'short'})"
+        + (f"; the {case['gpus']} GPUs do not pool their memory." if case["gpus"] > 1 else ".")
+    )
+    rec = plan.get("recommended")
+    if rec:
+        parts.append(
+            f"**Otherwise, yes:** {esc(rec['name'])} fits at {format_size(rec['per_gpu_peak_bytes'])} per GPU "
+            f"({format_size(rec['headroom_bytes'])} headroom, micro-batch up to {rec['max_batch']}, about "
+            f"{rec['tokens_per_s']:,.0f} tokens/s estimated) — the recommended fix below."
+        )
+    elif not configured["fits"]:
+        parts.append("**No configuration oomlab knows fits these GPUs** (see the remedies below).")
+    return " ".join(parts)
+
+
+def deciding_configuration(r: dict[str, Any]) -> str:
+    """Which knobs decide the result, from the knob table."""
+    knobs = r["plan"]["knobs"]
+    singles = [k for k in knobs if len(k["changes"]) == 1 and k["fits"]]
+    pairs = [k for k in knobs if len(k["changes"]) == 2 and k["fits"]]
+
+    def name(k: dict[str, Any]) -> str:
+        return " + ".join(f"{esc(knob)} → {esc(value)}" for knob, value in k["changes"])
+
+    if r["budget"]["configured"]["fits"]:
+        return "The configuration as given fits; the table shows how each knob moves the per-GPU peak."
+    if singles:
+        return ("A single change makes it fit: " + "; ".join(f"*{name(k)}* ({_size(k['per_gpu_peak_bytes'])})"
+                                                             for k in singles) + ".")
+    if pairs:
+        return ("No single knob makes it fit; these pairs do: "
+                + "; ".join(f"*{name(k)}* ({_size(k['per_gpu_peak_bytes'])})" for k in pairs) + ".")
+    return "Neither one knob nor a pair of knobs makes it fit."
+
+
+KNOB_HEADERS = ["change", "per-GPU peak", "host RAM", "fits", "why"]
+
+
+def knob_rows(r: dict[str, Any]) -> list[list[str]]:
+    return [[" + ".join(f"{k} → {v}" for k, v in row["changes"]), _size(row["per_gpu_peak_bytes"]),
+             _size(row["host_ram_bytes"]), "yes" if row["fits"] else "no", row["reason"]]
+            for row in r["plan"]["knobs"]]
+
+
+REMEDY_HEADERS = ["#", "remedy", "fits", "per-GPU peak", "headroom", "host RAM", "max micro-batch", "tokens/s"]
+
+
+def remedy_rows(r: dict[str, Any], top: int = 10) -> list[list[str]]:
+    rows = []
+    for i, rem in enumerate([r["plan"]["seed"], *r["plan"]["remedies"][:top]]):
+        rows.append(["as configured" if i == 0 else str(i), rem["name"], "yes" if rem["fits"] else "no",
+                     _size(rem["per_gpu_peak_bytes"]), _size(rem["headroom_bytes"]), _size(rem["host_ram_bytes"]),
+                     "-" if rem["max_batch"] is None else str(rem["max_batch"]),
+                     "-" if rem["tokens_per_s"] is None else f"{rem['tokens_per_s']:,.0f}"])
+    return rows
+
+
+SEED_HEADERS = ["figure", "user's message", "reproduced", "same"]
+
+
+def seed_rows(r: dict[str, Any]) -> list[list[str]]:
+    return [[c["figure"], c["seed"], c["reproduced"] or "-", "yes" if c["matches"] else "no"]
+            for c in r["reproduce"]["seed_comparison"]]
+
+
+def reproduction(r: dict[str, Any]) -> str:
+    rep = r["reproduce"]["reproduce"]
+    if not rep["raised"]:
+        return (f"`model.to('cuda')` of {esc(rep['model'])} in {esc(rep['dtype'])} on one "
+                f"{esc(rep['gpu'])} succeeded on the {esc(rep['device'])} device: "
+                f"{format_size(rep['allocated_bytes'])} allocated, {format_size(rep['free_bytes'])} left.")
+    ft = rep["failing_tensor"] or {}
+    match = ""
+    if is_seed_case(r):
+        same = sum(c["matches"] for c in r["reproduce"]["seed_comparison"])
+        match = f" {same} of the message's 5 figures match the user's to the printed precision."
+    return (f"PyTorch's own `Module._apply` raised `{esc(rep['exception'])}` on the {esc(rep['device'])} device "
+            f"while copying `{esc(ft.get('name', '?'))}` ({'×'.join(map(str, ft.get('shape', [])))}, "
+            f"{esc(ft.get('dtype', '?'))}).{match}")
+
+
+def message(r: dict[str, Any]) -> str:
+    """The reproduced message, as an escaped code block."""
+    text = r["reproduce"]["reproduce"]["message"]
+    return f"<pre>{esc(text)}</pre>" if text else ""
+
+
+def decoded(r: dict[str, Any]) -> str:
+    """``oomlab explain``'s verdict on the user's message (or, for another case, the reproduced one)."""
+    explained = r["reproduce"].get("explain")
+    if not explained:
+        return "No out-of-memory message to decode: moving the model to the GPU succeeded."
+    label = r["reproduce"].get("explain_label") or "the message"
+    return f"Decoding {esc(label)}:\n\n" + "\n\n".join(esc(p) for p in explained["verdict"].split("\n\n"))
+
+
+def plot_variants(r: dict[str, Any]) -> Any:
+    """The budget notebook's stacked bars, redrawn from its results JSON."""
+    from matplotlib.figure import Figure
+
+    from oomlab.budget import MemCategory
+    from oomlab.budget_report import COLORS
+
+    variants = r["budget"]["variants"]
+    fig = Figure(figsize=(9, 0.5 * len(variants) + 1.6), dpi=110)
+    ax = fig.subplots()
+    drawn: set[str] = set()
+    for row, v in enumerate(variants):
+        left = 0.0
+        for category in MemCategory:
+            value = v["components"].get(category.value, 0) / GiB
+            if value > 0:
+                ax.barh(row, value, left=left, color=COLORS[category],
+                        label=None if category.value in drawn else category.value)
+                drawn.add(category.value)
+                left += value
+        ax.plot([v["capacity_bytes"] / GiB] * 2, [row - 0.42, row + 0.42], color="black", linewidth=2)
+        ax.text(left, row, f"  {format_size(v['per_gpu_peak_bytes'])}", va="center", fontsize=7)
+    ax.set_yticks(range(len(variants)), [v["label"] for v in variants], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("symlog", linthresh=16)
+    ax.set_xlabel("GiB per GPU (log scale above 16 GiB); black tick: one GPU's capacity")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def evidence_of_budget(r: dict[str, Any]) -> str:
+    agreement = r["budget"]["agreement"]
+    small = r["budget"].get("small_scale") or []
+    text = (f"The analytic budget was checked against PyTorch's `MemTracker` on {agreement['setups']} full-size "
+            f"setups: the worst analytic/traced ratio is {agreement['worst_ratio']:.4f} "
+            f"({esc(agreement['worst_setup'])}), within the ±{agreement['tolerance']:.0%} target.")
+    if small:
+        ratios = [float(row["ratio"]) for row in small]
+        text += (f" Tiny models trained for real on CPU agree to within {max(abs(x - 1) for x in ratios):.1%} "
+                 f"({len(small)} setups measured for this report).")
+    return text
+
+
+VERIFY_HEADERS = ["check", "quantity", "measured", "analytic", "measured / analytic"]
+
+
+def verification_rows(r: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for group in r["plan"]["verification"].values():
+        for check in group.get("checks", []):
+            rows.append([check.get("remedy", check.get("name", "")), check.get("quantity", ""),
+                         str(check.get("measured", "")), str(check.get("analytic", "")),
+                         f"{check['ratio']:.3f}" if isinstance(check.get("ratio"), int | float) else "-"])
+    return rows
+
+
+def recommended_fix(r: dict[str, Any]) -> str:
+    plan = r["plan"]
+    rec = plan.get("recommended")
+    if not rec:
+        return "No remedy fits, so there is nothing to launch."
+    return (f"**{esc(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
+            f"{format_size(rec['host_ram_bytes'])}. The files are in `{esc(plan['config_dir'])}` (the training "
+            f"script `train.py`, `LAUNCH.md` with every command); run there:\n\n"
+            f"<pre>{esc(plan['launch_command'])}</pre>")
+
+
+def config_files(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, content) of the emitted configuration files the recommended remedy uses (read from disk).
+
+    The training script itself is named, not printed (it is the same for every remedy).
+    """
+    plan = r["plan"]
+    rec = plan.get("recommended") or {}
+    wanted = set(rec.get("config_files", []))
+    out = []
+    for name, path in plan["config_files"].items():
+        p = Path(path)
+        if (p.name in wanted or name in wanted) and p.is_file() and p.suffix != ".py":
+            out.append((p.name, p.read_text()))
+    return out
+
+
+def config_block(name: str, text: str) -> str:
+    return f"**{esc(name)}**\n\n<pre>{esc(text)}</pre>"
+
+
+def assumptions(r: dict[str, Any]) -> list[str]:
+    rep = r["reproduce"]["reproduce"]
+    items = [
+        f"Memory held outside PyTorch on each GPU: {format_size(rep['outside_pytorch_bytes'])} — "
+        f"{rep['outside_pytorch_source']}.",
+        f"The reproduction ran on the {rep['device']} device: "
+        + ("a model of PyTorch's CUDA caching allocator (torch 2.0 rules) under the real `Module._apply`."
+           if rep["device"] == "simulated" else "a real GPU, capped to the chosen capacity."),
+        *r["budget"]["configured"]["notes"],
+        "Traced: PyTorch's MemTracker on fake tensors at full size (CPU); measured: real training steps of tiny "
+        "models on CPU; computed: everything else (the analytic budget, throughput, host RAM).",
+        *r["plan"]["assumptions"],
+        "No GPU was used for this report unless the reproduction line above says so.",
+    ]
+    return [esc(item) for item in items]
+
+
+def versions() -> list[list[str]]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    rows = []
+    for package in ("oomlab", "torch", "transformers", "accelerate", "peft", "bitsandbytes", "deepspeed", "papermill",
+                    "nbconvert"):
+        try:
+            rows.append([package, version(package)])
+        except PackageNotFoundError:
+            rows.append([package, "not installed"])
+    return rows
+
+
+def parameter_rows(r: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for key, stem in NOTEBOOK_RESULTS.items():
+        for name, value in r[key]["case"].items():
+            rows.append([stem, name, str(value)])
+    return rows
