@@ -147,3 +147,16 @@ def test_invalid_setups_say_why(kwargs, error, message) -> None:
     """Invalid combinations are refused with the reason."""
     with pytest.raises(error, match=message):
         estimate(model="llama-13b", gpu="t4", **kwargs)
+
+
+def test_top_level_estimate_api() -> None:
+    """``oomlab.estimate`` is the documented entry point and returns the documented fields."""
+    import oomlab
+
+    r = oomlab.estimate(model="llama-13b", gpu="t4", gpus=4, nodes=1, strategy="fsdp", method="lora",
+                        precision="fp16-mixed", optimizer="adamw", batch=1, seq=2048, checkpointing=True,
+                        attention="sdpa", lora_rank=8, lora_targets=("q_proj", "v_proj"), source="analytic")
+    for field in ("per_gpu_peak_bytes", "allocated_peak_bytes", "components", "host_ram_bytes", "capacity_bytes",
+                  "fits", "headroom_bytes", "source"):
+        assert hasattr(r, field), field
+    assert r.fits and r.source == "analytic" and r.per_gpu_peak_bytes > r.allocated_peak_bytes

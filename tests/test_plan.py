@@ -8,8 +8,6 @@ from dataclasses import replace
 from unittest import mock
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from oomlab import budget
 from oomlab import plan as pl
@@ -73,17 +71,6 @@ def test_max_seq_capped_at_context(plan) -> None:
     """Sequence searches stop at max_position_embeddings (2048 for llama-13b)."""
     assert max(r.max_seq or 0 for r in plan.remedies) == 2048
     assert "max_position_embeddings = 2048" in plan.seq_note
-
-
-@given(st.integers(1, 5000), st.integers(1, 5000))
-def test_largest_finds_monotone_boundary(boundary: int, high: int) -> None:
-    """Doubling + bisection returns the last x <= high with x <= boundary (None when even 1 fails)."""
-    assert pl._largest(lambda x: x <= boundary, 1, high) == min(boundary, high)
-
-
-def test_largest_none_when_nothing_fits() -> None:
-    """No fitting value: None, not a sentinel."""
-    assert pl._largest(lambda x: False, 1, 100) is None
 
 
 def test_knob_table_singles_then_minimal_pairs(plan) -> None:

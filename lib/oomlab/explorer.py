@@ -20,6 +20,7 @@ from typing import Any
 
 from oomlab.budget import BudgetResult, MemCategory, estimate_setup
 from oomlab.errors import InvalidValueError, OomlabError, UnknownNameError
+from oomlab.search import largest_true
 from oomlab.specs import known_gpus, known_models, load_gpu, load_model
 from oomlab.training import Method, Optimizer, Precision, Strategy, TrainingSetup, make_setup
 from oomlab.units import GiB, format_size, parse_size
@@ -105,24 +106,7 @@ def largest_micro_batch(setup: TrainingSetup, limit: int = MAX_BATCH_SEARCH) -> 
     def fits(batch: int) -> bool:
         return estimate_setup(replace(setup, batch=batch)).fits
 
-    if not fits(1):
-        return None
-    good, bad = 1, None
-    while bad is None:
-        trial = min(2 * good, limit)
-        if trial == good:
-            return good
-        if fits(trial):
-            good = trial
-        else:
-            bad = trial
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if fits(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+    return largest_true(fits, 1, limit)
 
 
 def explore(choices: Choices) -> Exploration:

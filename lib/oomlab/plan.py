@@ -36,6 +36,7 @@ from oomlab import activations as act
 from oomlab import budget
 from oomlab.budget import BudgetResult, MemCategory
 from oomlab.errors import InvalidValueError
+from oomlab.search import largest_true
 from oomlab.specs import GPUSpec, ModelSpec, load_gpu, load_model
 from oomlab.training import Method, Optimizer, Precision, Strategy, TrainingSetup, make_setup
 from oomlab.units import format_size, parse_size
@@ -518,29 +519,6 @@ def _replace_peak(placement: DeviceMapPlacement, result: BudgetResult) -> int:
     return best
 
 
-def _largest(fits: Any, low: int, high: int) -> int | None:
-    """The largest ``x`` in ``[low, high]`` with ``fits(x)`` (monotone), by doubling then bisection."""
-    if not fits(low):
-        return None
-    good, bad = low, None
-    probe = low
-    while bad is None:
-        probe = min(probe * 2, high)
-        if fits(probe):
-            good = probe
-            if probe == high:
-                return high
-        else:
-            bad = probe
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if fits(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
-
-
 def _reason(ev: _Eval, setup: TrainingSetup, host_ram_bytes: int) -> str:
     cap = setup.gpu.total_memory_bytes
     parts = []
@@ -575,8 +553,8 @@ def evaluate_remedy(setup: TrainingSetup, host_ram_bytes: int, *, device_map: bo
     def fits_seq(s: int) -> bool:
         return ev_fn(replace(setup, batch=1, seq=s), placement, device_map).fits
 
-    max_batch = _largest(fits_batch, 1, MAX_BATCH_SEARCH)
-    max_seq = _largest(fits_seq, 1, setup.model.max_position_embeddings)
+    max_batch = largest_true(fits_batch, 1, MAX_BATCH_SEARCH)
+    max_seq = largest_true(fits_seq, 1, setup.model.max_position_embeddings)
     tps, step = None, None
     if ev.fits:
         b = min(max_batch or setup.batch, assumptions.throughput_batch_cap)
