@@ -346,11 +346,25 @@ def logits_bytes(setup: TrainingSetup) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------- phases
 
 
+_STATES: dict[tuple, tuple[int, ...]] = {}
+
+
+def _model_state_terms(setup: TrainingSetup) -> tuple[int, ...]:
+    """Terms that do not depend on micro-batch or length, memoised (searches vary only those)."""
+    key = (setup.model, setup.method._value_, setup.precision._value_, setup.strategy._value_,
+           setup.optimizer._value_, setup.world_size, setup.lora_rank, setup.lora_targets, setup.checkpointing)
+    terms = _STATES.get(key)
+    if terms is None:
+        terms = _STATES[key] = (
+            weights_on_gpu(setup), gradients_on_gpu(setup), master_weight_bytes(setup), optimizer_on_gpu(setup),
+            ddp_bucket_bytes(setup), fsdp_gather_bytes(setup, "forward"), fsdp_gather_bytes(setup, "backward"),
+            fsdp_gather_bytes(setup, "backward-start"), optimizer_temp_bytes(setup),
+        )
+    return terms
+
+
 def _phases(setup: TrainingSetup) -> dict[Phase, dict[MemCategory, int]]:
-    w = weights_on_gpu(setup)
-    g = gradients_on_gpu(setup)
-    m = master_weight_bytes(setup)
-    o = optimizer_on_gpu(setup)
+    w, g, m, o, buckets, gather_fw, gather, gather_start, opt_temp = _model_state_terms(setup)
     saved = act.saved_activation_bytes(setup)
     loss_saved = act.tokens(setup) * (4 * setup.model.vocab_size + act.INDEX)
     layer_acts = saved - loss_saved
@@ -358,22 +372,20 @@ def _phases(setup: TrainingSetup) -> dict[Phase, dict[MemCategory, int]]:
     # autocast's cache holds every weight's half copy until the outermost autocast exits (end of
     # forward), checkpointed or not
     cache = act.autocast_cache_bytes(setup)
-    buckets = ddp_bucket_bytes(setup)
     lg = logits_bytes(setup)
     states = {MemCategory.WEIGHTS: w, MemCategory.MASTER_WEIGHTS: m, MemCategory.OPTIMIZER_STATE: o}
     forward = {
         **states,
         MemCategory.ACTIVATIONS: layer_acts,
         MemCategory.LOGITS_LOSS: lg["logits"] + lg["fp32 copy"] + lg["log_softmax"],
-        MemCategory.WORKSPACE: max(copies, cache) + buckets + fsdp_gather_bytes(setup, "forward"),
+        MemCategory.WORKSPACE: max(copies, cache) + buckets + gather_fw,
     }
-    gather = fsdp_gather_bytes(setup, "backward")
     candidates = [
         {  # start: the loss gradients, every saved tensor still held
             **states,
             MemCategory.ACTIVATIONS: layer_acts,
             MemCategory.LOGITS_LOSS: lg["log_softmax"] + 2 * lg["grad"],
-            MemCategory.WORKSPACE: copies + buckets + fsdp_gather_bytes(setup, "backward-start"),
+            MemCategory.WORKSPACE: copies + buckets + gather_start,
         },
         {  # a trained layer's backward under FSDP: its buffers, activations not yet freed
             **states,
@@ -388,7 +400,7 @@ def _phases(setup: TrainingSetup) -> dict[Phase, dict[MemCategory, int]]:
         candidates += _recompute_candidates(setup, states, layer_acts, g, buckets + gather)
     backward = max(candidates, key=lambda d: sum(d.values()))
     optimizer = {
-        **states, MemCategory.GRADIENTS: g, MemCategory.WORKSPACE: buckets + optimizer_temp_bytes(setup),
+        **states, MemCategory.GRADIENTS: g, MemCategory.WORKSPACE: buckets + opt_temp,
     }
     return {Phase.FORWARD: forward, Phase.BACKWARD: backward, Phase.OPTIMIZER: optimizer}
 
