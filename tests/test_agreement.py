@@ -43,3 +43,13 @@ def test_committed_traced_figures_reproduce(committed, index, tmp_path, monkeypa
     row = committed["rows"][index]
     fresh = agreement.compare(agreement.matrix_setup(tuple(row["key"])))
     assert fresh.traced_peak_bytes == row["traced_peak_bytes"]
+
+
+def test_traced_budget_components_sum_to_the_steady_peak(committed) -> None:
+    """The traced budget's allocated components add up to the steady-state phase peak it reports."""
+    from oomlab.trace import steady_phase_totals, trace_step, traced_budget
+
+    setup = agreement.matrix_setup(tuple(committed["rows"][5]["key"]))  # 7B LoRA, backward peak
+    traced = traced_budget(setup)
+    assert traced.allocated_peak_bytes == max(steady_phase_totals(trace_step(setup)).values())
+    assert traced.source == "traced" and traced.allocated_peak_bytes == committed["rows"][5]["traced_peak_bytes"]

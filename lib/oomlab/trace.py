@@ -719,21 +719,23 @@ def traced_budget(setup: TrainingSetup, outside_bytes: int | None = None) -> Any
     totals = {phase: total + buckets for phase, total in steady.items()}
     peak_phase = max(totals, key=lambda p: totals[p])
     analytic = budget.estimate_setup(setup, outside_bytes)
+    if peak_phase is trace.peak_phase:
+        breakdown, breakdown_total = trace.peak_by_category, trace.peak_bytes
+    else:  # the steady-state peak falls in another phase: take that phase's largest timeline snapshot
+        snaps = [snap for _, phase, snap in trace.timeline if phase is peak_phase] or [trace.peak_by_category]
+        breakdown = max(snaps, key=lambda snap: sum(v for k, v in snap.items() if not k.startswith("host_")))
+        breakdown_total = sum(v for k, v in breakdown.items() if not k.startswith("host_"))
     components: dict[Any, int] = {}
-    for category, value in trace.peak_by_category.items():
+    for category, value in breakdown.items():
         if category.startswith("host_") or not value:
             continue
         key = budget.MemCategory[_TRACE_TO_BUDGET.get(category, "WORKSPACE")]
         components[key] = components.get(key, 0) + int(value)
-    if peak_phase is not trace.peak_phase:
-        # the steady-state peak is in a phase whose breakdown the trace holds only as a total
-        components = {budget.MemCategory.WORKSPACE: 0}
-        components[budget.MemCategory.ACTIVATIONS] = totals[peak_phase]
-    else:
-        extra = steady[peak_phase] - trace.peak_bytes
-        if extra:
-            key = budget.MemCategory.OPTIMIZER_STATE
-            components[key] = components.get(key, 0) + extra
+    # the steady state's optimizer state (and the gap to the phase's true peak between snapshots)
+    extra = steady[peak_phase] - breakdown_total
+    if extra:
+        key = budget.MemCategory.OPTIMIZER_STATE
+        components[key] = components.get(key, 0) + extra
     if buckets:
         components[budget.MemCategory.WORKSPACE] = components.get(budget.MemCategory.WORKSPACE, 0) + buckets
     for key in (budget.MemCategory.ALLOCATOR_OVERHEAD, budget.MemCategory.OUTSIDE_PYTORCH):
