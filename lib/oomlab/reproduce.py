@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any
 
-from oomlab.allocator import CachingAllocator, canonical_message_format
+from oomlab.allocator import CachingAllocator, canonical_message_format, get_allocation_size, round_size
 from oomlab.apply_walk import SimulatedCudaMode, WalkStep, tensor_names
 from oomlab.errors import InvalidValueError, OomlabError, UnknownNameError
 from oomlab.modeling import build_meta_model, tensor_nbytes
@@ -208,8 +208,6 @@ def reproduce(
     failing = FailingTensor(*mode.failure) if mode.failure else None
     tried = None
     if failing is not None:
-        from oomlab.allocator import get_allocation_size, round_size
-
         tried = get_allocation_size(round_size(failing.nbytes))
     moved = mode.steps[-1] if mode.steps else None
     model_reserved = whole[-1].reserved_bytes if whole else 0
@@ -233,7 +231,7 @@ def reproduce(
         failing_tensor=failing,
         moved_bytes=moved.moved_bytes if moved else 0,
         moved_parameters=moved.moved_parameters if moved else 0,
-        model_bytes=sum(tensor_nbytes(t) for t in _unique_tensors(meta_model)),
+        model_bytes=sum(tensor_nbytes(t) for t in unique_tensors(meta_model)),
         model_parameters=spec.num_parameters,
         model_reserved_bytes=model_reserved,
         fits=model_reserved <= gpu_spec.total_memory_bytes - outside,
@@ -243,7 +241,8 @@ def reproduce(
     )
 
 
-def _unique_tensors(model: Any) -> list[Any]:
+def unique_tensors(model: Any) -> list[Any]:
+    """Parameters and buffers of ``model``, each tensor once (tied weights count once)."""
     seen: dict[int, Any] = {}
     for _, t in list(model.named_parameters()) + list(model.named_buffers()):
         seen.setdefault(id(t), t)

@@ -26,7 +26,7 @@ def reproduce_on_cuda(
     import torch
     from torch.overrides import TorchFunctionMode
 
-    from oomlab.reproduce import FailingTensor, ReproduceResult, _frames, unlimited_walk
+    from oomlab.reproduce import FailingTensor, ReproduceResult, _frames, unique_tensors, unlimited_walk
 
     if not torch.cuda.is_available():
         raise OomlabError(
@@ -85,7 +85,7 @@ def reproduce_on_cuda(
         error = err
     free, _ = torch.cuda.mem_get_info(0)
     allocated, reserved = torch.cuda.memory_allocated(0), torch.cuda.memory_reserved(0)
-    model_bytes = sum(tensor_nbytes(t) for t in {id(t): t for t in names_to_tensors(model)}.values())
+    model_bytes = sum(tensor_nbytes(t) for t in unique_tensors(model))
     del model
     torch.cuda.empty_cache()
     whole = unlimited_walk(spec.name, dtype.name)
@@ -119,7 +119,3 @@ def reproduce_on_cuda(
         traceback=trace,
         steps=tuple(steps),
     )
-
-
-def names_to_tensors(model: Any) -> list[Any]:
-    return [t for _, t in list(model.named_parameters()) + list(model.named_buffers())]
