@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
 import tempfile
 import time
 import warnings
@@ -106,16 +105,17 @@ def fsdp_setup(world_size: int = WORLD_SIZE) -> TrainingSetup:
     return tiny_setup(strategy="fsdp", gpus=world_size, precision="fp32", optimizer="adamw", batch=2, seq=64)
 
 
-def _fsdp_worker(rank: int, world_size: int, port: int, out_dir: str, steps: int) -> None:
+def _fsdp_worker(rank: int, world_size: int, out_dir: str, steps: int) -> None:
     """One rank: DDP then FSDP2 on the same tiny model and data; write bytes and losses as JSON."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    # a file rendezvous: no port to race for between choosing it and binding it
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=world_size)
     setup = fsdp_setup(world_size)
     out: dict[str, Any] = {}
     try:
@@ -153,20 +153,26 @@ def _fsdp_worker(rank: int, world_size: int, port: int, out_dir: str, steps: int
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+GLOO_ATTEMPTS = 3
 
 
 def run_fsdp_gloo(world_size: int = WORLD_SIZE, steps: int = 3) -> dict[int, dict[str, Any]]:
     """Spawn ``world_size`` gloo processes running DDP then FSDP2; each rank's measured bytes and losses."""
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_fsdp_worker, args=(world_size, _free_port(), out_dir, steps), nprocs=world_size,
-                           start_method="spawn")
-        return {r: json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world_size)}
+    for attempt in range(GLOO_ATTEMPTS):
+        with tempfile.TemporaryDirectory() as out_dir:
+            try:
+                mp.start_processes(_fsdp_worker, args=(world_size, out_dir, steps), nprocs=world_size,
+                                   start_method="spawn")
+            except mp.ProcessExitedException:
+                # NB: on a loaded two-core machine a gloo rank was seen to abort (SIGABRT) once in a few
+                # runs; the measurement is deterministic, so run it again
+                if attempt + 1 == GLOO_ATTEMPTS:
+                    raise
+                continue
+            return {r: json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world_size)}
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def check_fsdp(world_size: int = WORLD_SIZE, steps: int = 3) -> list[Check]:
