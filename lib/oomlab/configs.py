@@ -236,6 +236,15 @@ def launch_env(config_file: str | os.PathLike[str], num_processes: int) -> dict[
     return {k: v for k, v in prepare_multi_gpu_env(args).items() if k.startswith(("ACCELERATE_", "FSDP_"))}
 
 
+def _free_port() -> int:
+    """A free TCP port on loopback for the launched processes' rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def run_on_cpu(config_dir: str | os.PathLike[str], config: str, script_args: list[str], num_processes: int = 2,
                timeout: float = 240.0) -> list[tuple[int, str]]:
     """Run ``train.py`` under ``config`` on CPU: ``num_processes`` gloo processes started as accelerate would.
@@ -247,7 +256,6 @@ def run_on_cpu(config_dir: str | os.PathLike[str], config: str, script_args: lis
     import subprocess
     import sys
 
-    from oomlab.verify import _free_port
 
     folder = Path(config_dir)
     env = launch_env(folder / config, num_processes)
