@@ -97,3 +97,40 @@ def test_script_trains_two_steps_on_cpu(written, tmp_path, config: str, method: 
     assert all(r["loss"] > 0 for r in records)
     if config != configs.DDP:
         assert all(r.get("fsdp_on_cpu") for r in records)
+
+
+FLAKY_SCRIPT = """\
+import os, sys
+from pathlib import Path
+log = Path(sys.argv[sys.argv.index("--log-json") + 1])
+marker = Path(sys.argv[sys.argv.index("--marker") + 1])
+if os.environ["RANK"] == "0":
+    with log.open("a") as f:
+        f.write("step\\n")
+if os.environ["RANK"] == "1" and sys.argv[sys.argv.index("--fail") + 1] == "abort" and not marker.exists():
+    marker.write_text("aborted once")
+    os.abort()  # as gloo's threads did at interpreter exit
+if sys.argv[sys.argv.index("--fail") + 1] == "exit" and os.environ["RANK"] == "1":
+    marker.write_text(marker.read_text() + "x" if marker.exists() else "x")
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize(("fail", "codes", "marker_text"), [("abort", [0, 0], "aborted once"), ("exit", [0, 3], "x")])
+def test_run_on_cpu_retries_only_a_rank_killed_by_a_signal(written, tmp_path, fail, codes, marker_text) -> None:
+    """A rank killed by SIGABRT is run again from an empty log; an ordinary failure is returned at once."""
+    folder = tmp_path / "launch"
+    folder.mkdir()
+    (folder / configs.DDP).write_text(written[configs.DDP].read_text())
+    (folder / configs.TRAIN_SCRIPT).write_text(FLAKY_SCRIPT)
+    log, marker = tmp_path / "log.txt", tmp_path / "marker"
+    results = configs.run_on_cpu(folder, configs.DDP, ["--log-json", str(log), "--marker", str(marker),
+                                                       "--fail", fail], timeout=60)
+    assert [code for code, _ in results] == codes
+    assert log.read_text() == "step\n"  # the retried run's log only
+    assert marker.read_text() == marker_text
+
+
+def test_run_on_cpu_rejects_zero_attempts(written) -> None:
+    with pytest.raises(ValueError, match="attempts=0"):
+        configs.run_on_cpu(next(iter(written.values())).parent, configs.DDP, [], attempts=0)
