@@ -10,8 +10,9 @@ import itertools
 import statistics
 import time
 
-from oomlab.budget import estimate, estimate_setup
-from oomlab.training import make_setup
+from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimate import estimate
+from oomlab.core.setup import make_setup
 
 TARGET_US = 20.0
 

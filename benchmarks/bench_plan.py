@@ -12,10 +12,10 @@ import subprocess
 import sys
 import time
 
-from oomlab.plan import make_plan
+from oomlab.remedies.plan import make_plan
 
 TARGET_S = 2.0
-COLD = ("import time; t = time.perf_counter(); from oomlab.plan import make_plan; "
+COLD = ("import time; t = time.perf_counter(); from oomlab.remedies.plan import make_plan; "
         "p = make_plan(); print(time.perf_counter() - t, len(p.remedies))")
 
 

@@ -10,9 +10,11 @@ import resource
 import statistics
 import time
 
-from oomlab.allocator import CachingAllocator
-from oomlab.reproduce import reproduce, unlimited_walk, walk_apply
-from oomlab.specs import load_dtype, load_model
+from oomlab.core.dtypes import load_dtype
+from oomlab.core.models import load_model
+from oomlab.reproduction.allocator import CachingAllocator
+from oomlab.reproduction.replay import reproduce
+from oomlab.reproduction.walk import unlimited_walk, walk_apply
 
 
 def median_seconds(fn, repeat: int) -> float:

@@ -13,9 +13,9 @@ import resource
 import statistics
 import time
 
-from oomlab.trace import trace_step
-from oomlab.training import make_setup
-from oomlab.units import format_size
+from oomlab.budget.traced import trace_step
+from oomlab.core.setup import make_setup
+from oomlab.core.units import format_size
 
 SETUPS = {
     "full fp16-mixed adamw": {},

@@ -38,7 +38,8 @@ ONE_B = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5504, 
 def run_setup(setup, steps: int) -> tuple[int, int]:
     import torch
 
-    from oomlab.trace import build_model, make_optimizer, step_dtypes, trainable_parameters
+    from oomlab.budget.states import trainable_parameters
+    from oomlab.budget.step import build_model, make_optimizer, step_dtypes
 
     torch.cuda.empty_cache()
     model = build_model(setup, "cuda")
@@ -72,9 +73,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("validate_on_gpu: no CUDA device here; nothing to validate", file=sys.stderr)
         return 2
-    from oomlab.budget import estimate_setup
-    from oomlab.specs import model_from_config
-    from oomlab.training import make_setup
+    from oomlab.budget.analytic import estimate_setup
+    from oomlab.core.models import model_from_config
+    from oomlab.core.setup import make_setup
 
     free, total = torch.cuda.mem_get_info()
     torch.cuda.init()

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from oomlab.paths import NOTEBOOKS_DIR
-from oomlab.specs import load_gpu
-from oomlab.units import format_size
+from oomlab.core.gpus import load_gpu
+from oomlab.core.paths import NOTEBOOKS_DIR
+from oomlab.core.units import format_size
 
 SERVER_START_TIMEOUT_S = 90
 SERVER_STOP_TIMEOUT_S = 20

@@ -5,8 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from oomlab.budget import MemCategory, estimate_setup
-from oomlab.errors import InvalidValueError, UnknownNameError
+from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.result import MemCategory
+from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.core.gpus import known_gpus
+from oomlab.core.setup import make_setup
+from oomlab.core.units import GiB, format_size
 from oomlab.explorer import (
     MAX_BATCH_SEARCH,
     Choices,
@@ -15,9 +19,6 @@ from oomlab.explorer import (
     largest_micro_batch,
     render_verdict,
 )
-from oomlab.specs import known_gpus
-from oomlab.training import make_setup
-from oomlab.units import GiB, format_size
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

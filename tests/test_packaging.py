@@ -6,7 +6,7 @@ import subprocess
 import tomllib
 import yaml
 
-from oomlab.paths import REPO_ROOT
+from oomlab.core.paths import REPO_ROOT
 
 
 def _name(requirement: str) -> str:

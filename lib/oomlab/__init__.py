@@ -1,22 +1,29 @@
-"""oomlab: reproduce, explain and fix GPU out-of-memory failures in LLM training."""
+"""oomlab: reproduce, explain and fix GPU out-of-memory failures in LLM training.
 
-from oomlab.units import GiB, KiB, MiB, format_size, parse_size
+The library follows the pipeline, one subpackage per stage, importing only earlier stages:
+``core`` → ``reproduction`` → ``explanation`` → ``budget`` → ``remedies`` → ``report`` → ``pipeline``, with ``cli``
+and ``explorer`` on top.  ``import oomlab`` stays light (no torch); the three entry points below load their stage on
+first use.
+"""
+
+from oomlab.core.units import GiB, KiB, MiB, format_size, parse_size
 
 __all__ = ["GiB", "KiB", "MiB", "estimate", "explain", "format_size", "parse_size", "reproduce", "__version__"]
 __version__ = "0.1.0"
 
+# name -> (module, function); no submodule of this package carries one of these names, so importing any
+# submodule can never shadow them (a submodule import sets an attribute of the same name on the package).
+_ENTRY_POINTS = {
+    "estimate": ("oomlab.budget.estimate", "estimate"),
+    "reproduce": ("oomlab.reproduction.replay", "reproduce"),
+    "explain": ("oomlab.explanation.explain", "explain"),
+}
+
 
 def __getattr__(name: str):  # lazy: ``import oomlab`` stays light; torch loads only when needed
-    if name == "estimate":
-        from oomlab.budget import estimate
+    if name in _ENTRY_POINTS:
+        import importlib
 
-        return estimate
-    if name == "reproduce":
-        from oomlab.reproduce import reproduce
-
-        return reproduce
-    if name == "explain":
-        from oomlab.explain import explain
-
-        return explain
+        module, function = _ENTRY_POINTS[name]
+        return getattr(importlib.import_module(module), function)
     raise AttributeError(f"module 'oomlab' has no attribute {name!r}")

@@ -1,6 +1,8 @@
 """``python -m oomlab``: the library's functions on the command line.
 
-Bad input exits with code 2 and a message naming the bad value and what is accepted, before any work.
+Bad input exits with code 2 and a message naming the bad value and what is accepted, before any work; a failed
+pipeline run exits with code 1.  Building the parser loads no torch (``--help`` answers at once); each command
+imports the stage it runs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from oomlab.errors import OomlabError
+from oomlab.budget.result import SOURCES
+from oomlab.core.choices import MESSAGE_FORMAT_NAMES, Attention, Device, Method, Optimizer, Precision, Strategy
+from oomlab.core.errors import InvalidValueError, OomlabError, PipelineError
+from oomlab.core.setup import DEFAULT_HOST_RAM, LORA_TARGET_CHOICES
+from oomlab.core.units import parse_size
+from oomlab.remedies.launch_files import CONFIGS_DIR
 
 EXIT_BAD_INPUT = 2
 
@@ -46,9 +53,7 @@ def _positive_int(text: str) -> int:
 
 
 def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
-    """The training-setup options shared by ``budget`` and ``plan``."""
-    from oomlab.training import LORA_TARGET_CHOICES, Attention, Method, Optimizer, Precision, Strategy
-
+    """The training-setup options of ``budget``."""
     parser.add_argument("--model", default="llama-13b", help="model spec name or path to a config.json")
     parser.add_argument("--gpu", default="t4", help="GPU spec name (default t4)")
     parser.add_argument("--gpus", type=_positive_int, default=1, help="GPUs per node (default 1)")
@@ -76,9 +81,7 @@ def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets}
 
 
-def _size(text: str) -> int:
-    from oomlab.units import parse_size
-
+def _size_argument(text: str) -> int:
     try:
         return parse_size(text)
     except OomlabError as err:
@@ -86,12 +89,6 @@ def _size(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from oomlab.allocator import MESSAGE_FORMAT_NAMES
-    from oomlab.budget import SOURCES
-    from oomlab.configs import CONFIGS_DIR
-    from oomlab.reproduce import DEVICES
-    from oomlab.training import Optimizer, Precision
-
     parser = _Parser(prog="python -m oomlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -105,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="memory held outside PyTorch on the GPU, MiB (default: derived from the seed's message)",
     )
-    rep.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda if available, else simulated")
+    rep.add_argument("--device", choices=[d.value for d in Device], default="auto",
+                     help="auto: cuda if available, else simulated")
     rep.add_argument("--message-format", choices=MESSAGE_FORMAT_NAMES, default=None,
                      help="OOM message format of the simulated device: old = torch<=2.0 (default, the seed's), "
                      "new = torch>=2.1")
@@ -132,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     pln.add_argument("--gpu", default="t4", help="GPU spec name (default t4)")
     pln.add_argument("--gpus", type=_positive_int, default=4, help="GPUs per node (default 4)")
     pln.add_argument("--nodes", type=_positive_int, default=1, help="nodes (default 1)")
-    pln.add_argument("--host-ram", type=_size, default="192GiB",
+    pln.add_argument("--host-ram", type=_size_argument, default=DEFAULT_HOST_RAM,
                      help="host RAM per node (default 192GiB: the 4 x T4 g4dn.12xlarge, an assumption)")
     pln.add_argument("--seq", type=_positive_int, default=2048, help="target sequence length (default 2048)")
     pln.add_argument("--batch", type=_positive_int, default=1, help="the user's micro-batch per GPU (default 1)")
@@ -157,9 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from oomlab.reproduce import compare_with_seed, reproduce
-    from oomlab.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
-    from oomlab.units import format_size
+    from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
+    from oomlab.core.units import format_size
+    from oomlab.reproduction.replay import reproduce
+    from oomlab.reproduction.result import compare_with_seed
 
     result = reproduce(
         model=args.model,
@@ -196,8 +195,6 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _read_explain_input(args: argparse.Namespace) -> str:
-    from oomlab.errors import InvalidValueError
-
     if args.file is not None and args.text is not None:
         raise InvalidValueError(
             f"give the message as TEXT or --file, not both (got TEXT and --file {str(args.file)!r})")
@@ -214,7 +211,8 @@ def _read_explain_input(args: argparse.Namespace) -> str:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from oomlab.explain import explain, render_explanation
+    from oomlab.explanation.display import render_explanation
+    from oomlab.explanation.explain import explain
 
     result = explain(_read_explain_input(args), model=args.model, gpu=args.gpu, dtype=args.dtype)
     if args.json:
@@ -225,7 +223,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
-    from oomlab.budget import estimate, render_budget
+    from oomlab.budget.display import render_budget
+    from oomlab.budget.estimate import estimate
 
     result = estimate(source=args.source, **setup_kwargs(args))
     print(json.dumps(result.to_dict(), indent=2) if args.json else render_budget(result))
@@ -233,14 +232,15 @@ def _cmd_budget(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from oomlab.plan import make_plan, render_plan
+    from oomlab.remedies.display import render_plan
+    from oomlab.remedies.plan import make_plan
 
     plan = make_plan(model=args.model, gpu=args.gpu, gpus=args.gpus, nodes=args.nodes, host_ram=args.host_ram,
                      seq=args.seq, batch=args.batch, precision=args.precision, optimizer=args.optimizer,
                      checkpointing=args.checkpointing, lora_rank=args.lora_rank)
     written = None
     if args.write_configs is not None:
-        from oomlab.configs import write_configs
+        from oomlab.remedies.launch_dir import write_configs
 
         written = write_configs(args.write_configs, plan)
     if args.json:
@@ -255,11 +255,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from oomlab import paths, pipeline
+    from oomlab.core.paths import OUTPUTS_DIR
+    from oomlab.pipeline.params import parse_params
+    from oomlab.pipeline.runner import run_pipeline
 
-    params = pipeline.parse_params(args.pairs, args.params)
-    out = args.out if args.out is not None else paths.OUTPUTS_DIR
-    result = pipeline.run_pipeline(params, out_dir=out, progress=not args.no_progress)
+    params = parse_params(args.pairs, args.params)
+    out = args.out if args.out is not None else OUTPUTS_DIR
+    result = run_pipeline(params, out_dir=out, progress=not args.no_progress)
     print(f"report: {result.report_path}")
     return 0
 
@@ -274,11 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OomlabError as err:
         print(f"{parser.prog} {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except RuntimeError as err:
-        if type(err).__name__ == "PipelineError":
-            print(f"{parser.prog} {args.command}: failed: {err}", file=sys.stderr)
-            return 1
-        raise
+    except PipelineError as err:
+        print(f"{parser.prog} {args.command}: failed: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

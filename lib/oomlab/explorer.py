@@ -18,50 +18,47 @@ import io
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from oomlab.budget import BudgetResult, MemCategory, estimate_setup
-from oomlab.errors import InvalidValueError, OomlabError, UnknownNameError
-from oomlab.search import largest_true
-from oomlab.specs import known_gpus, known_models, load_gpu, load_model
-from oomlab.training import Method, Optimizer, Precision, Strategy, TrainingSetup, make_setup
-from oomlab.units import GiB, format_size, parse_size
+from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.result import BudgetResult, MemCategory
+from oomlab.core.choices import Method, Optimizer, Precision, Strategy
+from oomlab.core.errors import InvalidValueError, OomlabError, UnknownNameError
+from oomlab.core.gpus import known_gpus, load_gpu
+from oomlab.core.models import known_models, load_model
+from oomlab.core.search import largest_true
+from oomlab.core.setup import TrainingSetup, make_setup
+from oomlab.core.units import GiB, format_size, parse_size
+from oomlab.pipeline.params import PARAMETERS
+from oomlab.report.figures import PALETTE
 
 MAX_BATCH_SEARCH = 4096  # the largest micro-batch the search tries; "4096 or more" beyond it
-DEFAULT_HOST_RAM = "192GiB"  # NB: assumed, as in the pipeline: a 4 x T4 g4dn.12xlarge has 192 GiB
 
 GREEN, RED = "#1a7f37", "#b42318"
-# One fixed colour per component, so a component keeps its colour from one update to the next.
-COLOURS = {
-    MemCategory.WEIGHTS: "#4c72b0",
-    MemCategory.GRADIENTS: "#dd8452",
-    MemCategory.MASTER_WEIGHTS: "#8172b3",
-    MemCategory.OPTIMIZER_STATE: "#c44e52",
-    MemCategory.ACTIVATIONS: "#55a868",
-    MemCategory.LOGITS_LOSS: "#937860",
-    MemCategory.WORKSPACE: "#da8bc3",
-    MemCategory.OUTSIDE_PYTORCH: "#8c8c8c",
-    MemCategory.ALLOCATOR_OVERHEAD: "#ccb974",
-}
+
+
+def _default(name: str) -> Any:
+    """The pipeline registry's default for ``name`` (one set of defaults for notebooks, CLI and explorer)."""
+    return PARAMETERS[name].default
 
 
 @dataclass(frozen=True)
 class Choices:
     """What the explorer's controls hold: names as typed on the CLI, sizes in bytes."""
 
-    model: str = "llama-13b"  # shipped spec name or path to a config.json
-    gpu: str = "t4"
-    gpus: int = 4  # GPUs on the one node
+    model: str = _default("model")  # shipped spec name or path to a config.json
+    gpu: str = _default("gpu")
+    gpus: int = _default("gpus")  # GPUs on the one node
     strategy: str = "single"
     method: str = "full"
-    precision: str = "fp16-mixed"
-    optimizer: str = "adamw"
-    batch: int = 1  # micro-batch per GPU
-    seq: int = 2048  # sequence length in tokens
-    checkpointing: bool = False
-    lora_rank: int = 8  # used by lora / qlora only
-    host_ram_bytes: int = parse_size(DEFAULT_HOST_RAM)  # host RAM of the node
+    precision: str = _default("precision")
+    optimizer: str = _default("optimizer")
+    batch: int = _default("batch")  # micro-batch per GPU
+    seq: int = _default("seq")  # sequence length in tokens
+    checkpointing: bool = _default("checkpointing")
+    lora_rank: int = _default("lora_rank")  # used by lora / qlora only
+    host_ram_bytes: int = parse_size(_default("host_ram"))  # host RAM of the node
 
     def setup(self) -> TrainingSetup:
-        """The validated training setup (raises :class:`~oomlab.errors.OomlabError` with the reason)."""
+        """The validated training setup (raises :class:`~oomlab.core.errors.OomlabError` with the reason)."""
         return make_setup(model=self.model, gpu=self.gpu, gpus=self.gpus, strategy=self.strategy,
                           method=self.method, precision=self.precision, optimizer=self.optimizer,
                           batch=self.batch, seq=self.seq, checkpointing=self.checkpointing,
@@ -175,7 +172,7 @@ class BudgetBar:
         FigureCanvasAgg(self.figure)
         self.dpi = dpi
         ax = self.axes = self.figure.add_axes((0.04, 0.42, 0.92, 0.40))
-        self.rects = {c: ax.barh([0], [0], left=[0], height=0.6, color=COLOURS[c])[0] for c in MemCategory}
+        self.rects = {c: ax.barh([0], [0], left=[0], height=0.6, color=PALETTE[c])[0] for c in MemCategory}
         for category, rect in self.rects.items():
             rect.set_label(category.value)
         self.capacity_line = ax.axvline(0, color="black", linewidth=1.5)
@@ -352,11 +349,11 @@ def build_explorer(
     seq: int = Choices.seq,
     checkpointing: bool = Choices.checkpointing,
     lora_rank: int = Choices.lora_rank,
-    host_ram: str | int = DEFAULT_HOST_RAM,
+    host_ram: str | int = _default("host_ram"),
 ) -> Explorer:
     """The explorer's widgets, starting from these choices (the notebook's parameters).
 
-    Unknown names raise :class:`~oomlab.errors.UnknownNameError` listing the known ones; a valid name in an
+    Unknown names raise :class:`~oomlab.core.errors.UnknownNameError` listing the known ones; a valid name in an
     invalid combination (bf16 on a T4, say) is shown as the verdict.  ``host_ram``: ``"192GiB"`` or bytes.
     """
     for kind, enum_type, value in (("strategy", Strategy, strategy), ("method", Method, method),

@@ -1,0 +1,173 @@
+"""The memory budget for readers (notebook 02, the CLI): text, tables and narrative from computed results.
+
+Figures are drawn by :mod:`oomlab.report.figures`; this module returns text and rows only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from oomlab.budget.estimate import estimate
+from oomlab.budget.result import ALLOCATED, BudgetResult
+from oomlab.budget.small_scale import SMALL_CASES, compare_small
+from oomlab.budget.states import gradients_on_gpu, master_weights_on_gpu, optimizer_on_gpu, weights_on_gpu
+from oomlab.core.choices import Optimizer, Precision
+from oomlab.core.errors import OomlabError
+from oomlab.core.setup import make_setup
+from oomlab.core.units import format_size
+
+
+def render_budget(result: BudgetResult) -> str:
+    """A plain-text table of the budget, torch-style sizes."""
+    s = result.setup
+    lines = [
+        f"{s.model.name} on {s.world_size} x {s.gpu.name} ({format_size(result.capacity_bytes)} each): "
+        f"{s.strategy.value}, {s.method.value}, {s.precision.value}, {s.optimizer.value}, micro-batch {s.batch}, "
+        f"seq {s.seq}, checkpointing {'on' if s.checkpointing else 'off'}, {s.attention.value} "
+        f"[{result.source.value}]",
+        f"peak in the {result.peak_phase.value} phase:",
+    ]
+    for category, value in sorted(result.components.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {category.value:<22} {format_size(value):>12}")
+    lines += [
+        f"  {'allocated peak':<22} {format_size(result.allocated_peak_bytes):>12}  (torch.cuda.max_memory_allocated)",
+        f"  {'per-GPU peak':<22} {format_size(result.per_gpu_peak_bytes):>12}  (nvidia-smi)",
+        f"  {'capacity':<22} {format_size(result.capacity_bytes):>12}",
+        ("fits, headroom " if result.fits else "DOES NOT FIT, short by ")
+        + format_size(abs(result.headroom_bytes)),
+        f"host RAM needed: {format_size(result.host_ram_bytes)}",
+    ]
+    return "\n".join(lines)
+
+
+def component_rows(results: Sequence[tuple[str, BudgetResult]]) -> list[list[str]]:
+    """Table rows: setup, each allocated component, per-GPU peak, capacity, fits."""
+    rows = []
+    for label, r in results:
+        rows.append([label, r.peak_phase.value]
+                    + [format_size(r.components.get(c, 0)) if r.components.get(c) else "-" for c in ALLOCATED]
+                    + [format_size(r.per_gpu_peak_bytes), format_size(r.capacity_bytes), "yes" if r.fits else "no"])
+    return rows
+
+COMPONENT_HEADERS = ["setup", "peak phase", *[c.value for c in ALLOCATED], "per-GPU peak", "capacity", "fits"]
+
+
+# ---------------------------------------------------------------------------------------- tables
+
+
+def capacity_rows(gpu: Any, gpus: int, outside_bytes: int) -> list[list[str]]:
+    """What "N GB total" means: nvidia-smi's MiB, torch's capacity, what PyTorch can use, per GPU and summed."""
+    smi = gpu.nvidia_smi_total_mib * 2**20
+    usable = gpu.total_memory_bytes - outside_bytes
+    return [
+        ["nvidia-smi total (MiB, read as 'MB')", f"{gpu.nvidia_smi_total_mib} MiB",
+         f"{gpus * gpu.nvidia_smi_total_mib:,} MiB = {gpus * smi / 1e9:.1f} GB"],
+        ["torch total capacity", format_size(gpu.total_memory_bytes), format_size(gpus * gpu.total_memory_bytes)],
+        ["held outside PyTorch (CUDA context)", format_size(outside_bytes), format_size(gpus * outside_bytes)],
+        ["usable by one process's tensors", format_size(usable), format_size(gpus * usable)],
+        ["largest model state one process can hold", format_size(usable), format_size(usable) + " (not summed)"],
+    ]
+
+CAPACITY_HEADERS = ["", "per GPU", "all GPUs"]
+
+def bytes_per_parameter_rows(model: str = "llama-13b") -> list[list[str]]:
+    """Bytes per parameter of the model states for full fine-tuning, by precision and optimizer.
+
+    Computed from the budget's own terms (one GPU, steady state), divided by the parameter count.
+    """
+    rows = []
+    for strategy, label in (("single", "PyTorch (autocast)"), ("zero2", "DeepSpeed ZeRO-style")):
+        for precision in Precision:
+            for optimizer in Optimizer:
+                try:
+                    s = make_setup(model=model, gpu="h100-80gb", strategy=strategy, precision=precision.value,
+                                   optimizer=optimizer.value)
+                except OomlabError:
+                    continue
+                if strategy == "zero2" and precision in (Precision.FP32, Precision.FP16, Precision.BF16):
+                    continue
+                n = s.model.num_parameters
+                terms = [weights_on_gpu(s), gradients_on_gpu(s), master_weights_on_gpu(s), optimizer_on_gpu(s)]
+                rows.append([label, precision.value, optimizer.value] + [f"{t / n:.2f}" for t in terms]
+                            + [f"{sum(terms) / n:.2f}"])
+    return rows
+
+BYTES_PER_PARAMETER_HEADERS = ["framework", "precision", "optimizer", "weights", "gradients", "master weights",
+                               "optimizer state", "total B/param"]
+
+def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: str, batch: int, seq: int,
+                  checkpointing: bool, attention: str, lora_rank: int) -> list[tuple[str, dict[str, Any]]]:
+    """The user's configuration and its usual variants, as ``estimate`` keyword arguments."""
+    base = {"model": model, "gpu": gpu, "gpus": gpus, "precision": precision, "optimizer": optimizer,
+            "batch": batch, "seq": seq, "checkpointing": checkpointing, "attention": attention,
+            "lora_rank": lora_rank}
+    ddp = "ddp" if gpus > 1 else "single"
+    return [
+        (f"as configured: full fine-tune, a replica per GPU ({ddp})", {**base, "strategy": ddp, "method": "full"}),
+        (f"FSDP full shard over {gpus} GPUs", {**base, "strategy": "fsdp", "method": "full"}),
+        (f"FSDP over {gpus} + checkpointing", {**base, "strategy": "fsdp", "method": "full", "checkpointing": True}),
+        (f"FSDP + CPU offload over {gpus}", {**base, "strategy": "fsdp-offload", "method": "full",
+                                              "checkpointing": True}),
+        ("LoRA, a replica per GPU", {**base, "strategy": ddp, "method": "lora"}),
+        ("LoRA + checkpointing, replica", {**base, "strategy": ddp, "method": "lora", "checkpointing": True}),
+        ("QLoRA + checkpointing, replica", {**base, "strategy": ddp, "method": "qlora", "checkpointing": True}),
+        (f"LoRA + checkpointing, FSDP over {gpus}", {**base, "strategy": "fsdp", "method": "lora",
+                                                     "checkpointing": True}),
+    ]
+
+def budget_variants(variants: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, BudgetResult]]:
+    """Analytic budgets of the variants that are valid on this hardware."""
+    out = []
+    for label, kwargs in variants:
+        try:
+            out.append((label, estimate(**kwargs)))
+        except OomlabError:
+            continue
+    return out
+
+def agreement_rows(committed: dict[str, Any]) -> list[list[str]]:
+    return [[r["setup"], format_size(r["analytic_peak_bytes"]), format_size(r["traced_peak_bytes"]),
+             f"{r['ratio']:.4f}", f"{r['analytic_phase']} / {r['traced_phase']}"] for r in committed["rows"]]
+
+AGREEMENT_HEADERS = ["setup", "analytic", "traced", "ratio", "phase (analytic / traced)"]
+
+def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
+    """Markdown: what the configured setup needs, what breaks it, and which variants fit."""
+    label, seed = results[0]
+    gpu = seed.setup.gpu
+    breaking = seed.breaking_component
+    fitting = [(lbl, r) for lbl, r in results if r.fits]
+    lines = [
+        f"**As configured** ({label}) one training step needs {format_size(seed.per_gpu_peak_bytes)} on each "
+        f"{gpu.display_name} of {format_size(seed.capacity_bytes)}: "
+        + ("it fits." if seed.fits else
+           f"it does not fit, short by {format_size(-seed.headroom_bytes)}; the largest component is "
+           f"{breaking.value} ({format_size(seed.components[breaking])}) and the peak falls in the "
+           f"{seed.peak_phase.value} phase."),
+        f"The {gpus} GPUs do not pool their memory: each process holds what the strategy puts on it, so the "
+        f"question is always per GPU.",
+    ]
+    if fitting:
+        best = min(fitting, key=lambda lr: lr[1].per_gpu_peak_bytes)
+        lines.append(
+            f"{len(fitting)} of the {len(results)} variants fit; the leanest is *{best[0]}* at "
+            f"{format_size(best[1].per_gpu_peak_bytes)} per GPU ({format_size(best[1].headroom_bytes)} to spare)."
+        )
+    else:
+        lines.append("None of these variants fits this GPU; see the remediations notebook for the rest.")
+    return "\n\n".join(lines)
+
+SMALL_LIVE_CASES = ("full fp16-mixed AdamW", "LoRA r8 fp16-mixed AdamW, checkpointing",
+                    "QLoRA r8 bf16-mixed AdamW (NF4, double quant)")
+
+SMALL_HEADERS = ["tiny setup (trained for real on CPU)", "analytic", "measured", "ratio", "peak phase"]
+
+def small_scale_rows(labels: Sequence[str] = SMALL_LIVE_CASES) -> list[list[str]]:
+    """Measure a few tiny setups for real now (seconds each) and set the analytic figure beside each."""
+    rows = []
+    for case in (c for c in SMALL_CASES if c.label in labels):
+        r = compare_small(case)
+        rows.append([case.label, f"{r.analytic_peak_bytes:,} B", f"{r.measured_peak_bytes:,} B", f"{r.ratio:.4f}",
+                     r.analytic_peak_phase.value])
+    return rows

@@ -1,0 +1,152 @@
+"""One pass through a setup: every byte count its step is made of, computed once into an :class:`Inventory`,
+then each phase assembled from it (:func:`assemble_phases`).
+
+One optimizer step in steady state (the optimizer state already exists, gradients are set to ``None``
+after each step) is split into three phases; the peak is the largest phase total, not a sum of maxima:
+
+* ``forward``: weights, optimizer state, everything saved for backward, the logits and the loss;
+* ``backward``: at its start (saved tensors still held, loss gradients appear), inside a trained FSDP layer, at
+  its end (every gradient held, activations freed) or -- with checkpointing -- inside a recomputed layer,
+  whichever is largest;
+* ``optimizer``: weights, gradients, optimizer state and the optimizer's temporaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oomlab.budget import activations as act
+from oomlab.budget import states, workspace
+from oomlab.budget.result import MemCategory, Phase
+from oomlab.budget.workspace import GatherPoint
+from oomlab.core.choices import Method
+from oomlab.core.setup import TrainingSetup
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Per-GPU bytes that do not depend on the micro-batch or the length (memoised: searches vary only those)."""
+
+    weights: int
+    gradients: int  # all of them, at the end of backward
+    master_weights: int
+    optimizer_state: int
+    optimizer_temps: int  # inside optimizer.step()
+    ddp_buckets: int
+    gather_forward: int  # FSDP buffers at the end of forward
+    gather_backward_start: int
+    gather_backward: int  # inside a trained layer's backward
+
+    @property
+    def persistent(self) -> int:
+        """Bytes held all step long: weights, master weights and optimizer state."""
+        return self.weights + self.master_weights + self.optimizer_state
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """Per-GPU bytes of one micro-batch: saved activations, logits and loss, autocast's weight copies."""
+
+    layer_activations: int  # saved for backward at the end of forward (the loss's own tensors excluded)
+    autocast_copies: int  # half weight copies that backward still needs
+    autocast_cache: int  # every weight's half copy, held until the outermost autocast exits
+    logits: int  # the LM head's output
+    logits_fp32: int  # logits.float() inside the loss
+    log_softmax: int  # saved by cross_entropy
+    loss_grad: int  # one (tokens x vocab) fp32 gradient
+    recompute_activations: int  # checkpointing: every layer's input + the recomputed layer's saved tensors
+    recompute_workspace: int  # checkpointing: the recomputed layer's fixed bytes and gradient temporaries
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Everything one setup's step is assembled from."""
+
+    states: ModelStates
+    tensors: StepTensors
+
+
+_STATES: dict[tuple, ModelStates] = {}
+
+
+def model_states(setup: TrainingSetup) -> ModelStates:
+    """The setup's :class:`ModelStates`, memoised on what they depend on."""
+    key = (setup.model, setup.method._value_, setup.precision._value_, setup.strategy._value_,
+           setup.optimizer._value_, setup.world_size, setup.lora_rank, setup.lora_targets, setup.checkpointing)
+    found = _STATES.get(key)
+    if found is None:
+        found = _STATES[key] = ModelStates(
+            weights=states.weights_on_gpu(setup), gradients=states.gradients_on_gpu(setup),
+            master_weights=states.master_weights_on_gpu(setup), optimizer_state=states.optimizer_on_gpu(setup),
+            optimizer_temps=states.optimizer_temp_bytes(setup), ddp_buckets=workspace.ddp_bucket_bytes(setup),
+            gather_forward=workspace.fsdp_gather_bytes(setup, GatherPoint.FORWARD),
+            gather_backward_start=workspace.fsdp_gather_bytes(setup, GatherPoint.BACKWARD_START),
+            gather_backward=workspace.fsdp_gather_bytes(setup, GatherPoint.BACKWARD),
+        )
+    return found
+
+
+def step_tensors(setup: TrainingSetup) -> StepTensors:
+    """The setup's :class:`StepTensors` (token-scaled; the per-regime inventories behind them are memoised)."""
+    saved = act.saved_activation_bytes(setup)
+    loss_saved = act.tokens(setup) * (4 * setup.model.vocab_size + act.INDEX)
+    lg = workspace.logits_bytes(setup)
+    recompute_acts = recompute_fixed = 0
+    if setup.checkpointing:
+        # by then the head, the final norm and the loss have run their backward: only the layers' inputs remain,
+        # plus the recomputed (top) layer's whole inventory and its gradient temporaries
+        inputs = setup.model.num_hidden_layers * act.checkpoint_layer_bytes(setup) + act.rope_bytes(setup)
+        recompute_acts = inputs + act.layer_activation_bytes(setup)
+        recompute_fixed = act.layer_fixed_bytes(setup) + workspace.recompute_gradient_bytes(setup)
+    return StepTensors(
+        layer_activations=saved - loss_saved, autocast_copies=act.autocast_copy_bytes(setup),
+        autocast_cache=act.autocast_cache_bytes(setup), logits=lg["logits"], logits_fp32=lg["fp32 copy"],
+        log_softmax=lg["log_softmax"], loss_grad=lg["grad"], recompute_activations=recompute_acts,
+        recompute_workspace=recompute_fixed,
+    )
+
+
+def take_inventory(setup: TrainingSetup) -> Inventory:
+    return Inventory(model_states(setup), step_tensors(setup))
+
+
+def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[MemCategory, int]]:
+    """Allocated bytes by category in each phase, each phase at its own largest moment."""
+    s, t = inventory.states, inventory.tensors
+    held = {MemCategory.WEIGHTS: s.weights, MemCategory.MASTER_WEIGHTS: s.master_weights,
+            MemCategory.OPTIMIZER_STATE: s.optimizer_state}
+    buckets = s.ddp_buckets
+    forward = {
+        **held,
+        MemCategory.ACTIVATIONS: t.layer_activations,
+        MemCategory.LOGITS_LOSS: t.logits + t.logits_fp32 + t.log_softmax,
+        # autocast's cache holds every weight's half copy until the outermost autocast exits (end of
+        # forward), checkpointed or not
+        MemCategory.WORKSPACE: max(t.autocast_copies, t.autocast_cache) + buckets + s.gather_forward,
+    }
+    candidates = [
+        {  # start: the loss gradients, every saved tensor still held
+            **held,
+            MemCategory.ACTIVATIONS: t.layer_activations,
+            MemCategory.LOGITS_LOSS: t.log_softmax + 2 * t.loss_grad,
+            MemCategory.WORKSPACE: t.autocast_copies + buckets + s.gather_backward_start,
+        },
+        {  # a trained layer's backward under FSDP: its buffers, activations not yet freed
+            **held,
+            MemCategory.ACTIVATIONS: t.layer_activations,
+            MemCategory.WORKSPACE: t.autocast_copies + buckets + s.gather_backward,
+        },
+        {  # end: every gradient held, activations freed
+            **held, MemCategory.GRADIENTS: s.gradients, MemCategory.WORKSPACE: buckets + s.gather_backward,
+        },
+    ]
+    if setup.checkpointing:
+        # inside the top recomputed layer: every layer input still held, few gradients yet.  LoRA's adapter
+        # gradients (small) are held throughout.  NB: full fine-tuning's gradients grow as the layers go by while
+        # their inputs are freed; the end-of-backward candidate covers the bottom of that range.
+        trained = s.gradients if setup.method is not Method.FULL else 0
+        candidates.append({**held, MemCategory.ACTIVATIONS: t.recompute_activations, MemCategory.GRADIENTS: trained,
+                           MemCategory.WORKSPACE: t.recompute_workspace + buckets + s.gather_backward})
+    backward = max(candidates, key=lambda d: sum(d.values()))
+    optimizer = {**held, MemCategory.GRADIENTS: s.gradients, MemCategory.WORKSPACE: buckets + s.optimizer_temps}
+    return {Phase.FORWARD: forward, Phase.BACKWARD: backward, Phase.OPTIMIZER: optimizer}

@@ -1,0 +1,104 @@
+"""What a budget is made of: the memory categories, the phases of a step, and the per-GPU result."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from oomlab.core.setup import TrainingSetup
+
+
+class MemCategory(enum.Enum):
+    """Where a GPU byte goes during a training step."""
+
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash is slow in the hot loop
+
+    WEIGHTS = "weights"  # parameters held on the GPU (the fp32 weights under torch autocast)
+    GRADIENTS = "gradients"  # .grad of the trained parameters (sharded where the strategy shards them)
+    MASTER_WEIGHTS = "master weights"  # a separate fp32 copy of half weights (DeepSpeed ZeRO-style mixed)
+    OPTIMIZER_STATE = "optimizer state"  # Adam moments / SGD momentum / 8-bit states
+    ACTIVATIONS = "activations"  # tensors the decoder layers save for backward
+    LOGITS_LOSS = "logits and loss"  # the (tokens x vocab) logits, their fp32 copies and gradients
+    WORKSPACE = "transient workspace"  # autocast weight copies, FSDP all-gathers, DDP buckets, optimizer temps
+    OUTSIDE_PYTORCH = "outside PyTorch"  # CUDA context, cuBLAS/NCCL workspaces: not in memory_allocated
+    ALLOCATOR_OVERHEAD = "allocator overhead"  # reserved but not allocated: rounding and fragmentation
+
+
+class Phase(enum.Enum):
+    """The phases of a step whose maximum is the step's peak (budgets, traces and measurements alike)."""
+
+    __hash__ = object.__hash__
+
+    FORWARD = "forward"  # model forward and loss, up to loss.backward()
+    BACKWARD = "backward"  # loss.backward(), including recomputation of checkpointed layers
+    OPTIMIZER = "optimizer"  # optimizer.step() and zero_grad()
+
+
+class Source(enum.Enum):
+    """Where a figure comes from."""
+
+    ANALYTIC = "analytic"  # oomlab's formulas
+    TRACED = "traced"  # PyTorch's MemTracker on fake tensors at full size (CPU)
+    MEASURED = "measured"  # real tensors, counted by an allocator
+    PUBLISHED = "published"  # a measurement someone published, with its citation
+
+
+SOURCES = (Source.ANALYTIC.value, Source.TRACED.value)  # what estimate(source=...) can compute
+
+ALLOCATED = (MemCategory.WEIGHTS, MemCategory.GRADIENTS, MemCategory.MASTER_WEIGHTS, MemCategory.OPTIMIZER_STATE,
+             MemCategory.ACTIVATIONS, MemCategory.LOGITS_LOSS, MemCategory.WORKSPACE)
+
+
+@dataclass(frozen=True)
+class BudgetResult:
+    """Per-GPU memory of one training step."""
+
+    setup: TrainingSetup = field(repr=False)
+    source: Source
+    peak_phase: Phase
+    phases: Mapping[Phase, Mapping[MemCategory, int]]  # allocated components per phase
+    components: Mapping[MemCategory, int]  # at the peak, with outside-PyTorch and allocator overhead
+    host_ram_bytes: int
+    capacity_bytes: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def allocated_peak_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_allocated`` would report."""
+        return sum(v for k, v in self.components.items() if k in ALLOCATED)
+
+    @property
+    def per_gpu_peak_bytes(self) -> int:
+        """What nvidia-smi would show at the peak: allocated + allocator overhead + outside PyTorch."""
+        return sum(self.components.values())
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.per_gpu_peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.headroom_bytes >= 0
+
+    @property
+    def breaking_component(self) -> MemCategory:
+        """The largest component at the peak."""
+        return max(self.components, key=lambda k: self.components[k])
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.setup
+        return {
+            "source": self.source.value,
+            "model": s.model.name, "gpu": s.gpu.name, "gpus": s.gpus, "nodes": s.nodes,
+            "strategy": s.strategy.value, "method": s.method.value, "precision": s.precision.value,
+            "optimizer": s.optimizer.value, "batch": s.batch, "seq": s.seq, "checkpointing": s.checkpointing,
+            "attention": s.attention.value, "lora_rank": s.lora_rank, "lora_targets": list(s.lora_targets),
+            "per_gpu_peak_bytes": self.per_gpu_peak_bytes, "allocated_peak_bytes": self.allocated_peak_bytes,
+            "peak_phase": self.peak_phase.value,
+            "components": {k.value: v for k, v in self.components.items()},
+            "phases": {p.value: {k.value: v for k, v in comps.items()} for p, comps in self.phases.items()},
+            "host_ram_bytes": self.host_ram_bytes, "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits, "headroom_bytes": self.headroom_bytes, "notes": list(self.notes),
+        }

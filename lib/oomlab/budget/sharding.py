@@ -1,0 +1,52 @@
+"""One rule: the per-GPU share of each model-state category, by strategy.
+
+A strategy either keeps a category whole on every GPU (a replica), divides it over the data-parallel ranks
+(ZeRO / FSDP sharding: Rajbhandari et al. 2020, sec. 5 -- stage 1 the optimizer state, stage 2 + gradients,
+stage 3 + parameters), or keeps it on the host (offload).  Every per-GPU model-state figure goes through
+:func:`per_gpu`, reading :data:`SHARES`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from oomlab.budget.result import MemCategory
+from oomlab.core.choices import Strategy
+from oomlab.core.setup import TrainingSetup
+from oomlab.core.units import ceil_div
+
+
+class Share(enum.Enum):
+    """How much of a category one GPU holds."""
+
+    WHOLE = "whole"  # every GPU holds all of it
+    SHARDED = "sharded"  # each of the world_size ranks holds 1/world_size (rounded up)
+    HOST = "host"  # offloaded: nothing on the GPU
+
+
+_W, _G, _M, _O = (MemCategory.WEIGHTS, MemCategory.GRADIENTS, MemCategory.MASTER_WEIGHTS,
+                  MemCategory.OPTIMIZER_STATE)
+_REPLICA = {_W: Share.WHOLE, _G: Share.WHOLE, _M: Share.WHOLE, _O: Share.WHOLE}
+
+SHARES: dict[Strategy, dict[MemCategory, Share]] = {
+    Strategy.SINGLE: _REPLICA,
+    Strategy.DDP: _REPLICA,
+    Strategy.ZERO1: {_W: Share.WHOLE, _G: Share.WHOLE, _M: Share.SHARDED, _O: Share.SHARDED},
+    Strategy.ZERO2: {_W: Share.WHOLE, _G: Share.SHARDED, _M: Share.SHARDED, _O: Share.SHARDED},
+    Strategy.FSDP: {_W: Share.SHARDED, _G: Share.SHARDED, _M: Share.SHARDED, _O: Share.SHARDED},
+    Strategy.FSDP_OFFLOAD: {_W: Share.HOST, _G: Share.HOST, _M: Share.HOST, _O: Share.HOST},
+}
+
+
+def share(setup: TrainingSetup, category: MemCategory) -> Share:
+    return SHARES[setup.strategy][category]
+
+
+def per_gpu(setup: TrainingSetup, category: MemCategory, total_bytes: int) -> int:
+    """Bytes of ``category`` on one GPU, out of ``total_bytes`` for the whole (unsharded) model."""
+    how = SHARES[setup.strategy][category]
+    if how is Share.WHOLE:
+        return total_bytes
+    if how is Share.SHARDED:
+        return ceil_div(total_bytes, setup.world_size)
+    return 0

@@ -1,0 +1,164 @@
+"""The model states of a training step: parameters, gradients, master weights, optimizer state and the optimizer's
+temporaries -- their totals over the whole model, and (through :mod:`.sharding`) their per-GPU share.
+
+ZeRO (Rajbhandari et al. 2020, sec. 3.1): mixed-precision Adam keeps 16 bytes per parameter (2 half weights +
+2 half gradients + 12 fp32 master weights, momentum and variance).  QLoRA (Dettmers et al. 2023, sec. 3): NF4 with
+double quantization stores 4.127 bits per parameter.  LoRA (Hu et al. 2021): ``r (in + out)`` adapter parameters
+per targeted projection.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from oomlab.budget import sharding
+from oomlab.budget.result import MemCategory
+from oomlab.core.choices import Method, Optimizer, Precision, Strategy
+from oomlab.core.models import ModelSpec
+from oomlab.core.setup import TrainingSetup
+from oomlab.core.units import ceil_div
+
+NF4_DQ_BITS = 4.127  # QLoRA paper: NF4 weights, 64-blocks, fp8 second-level absmax (double quantization)
+# bitsandbytes QuantState per quantized weight, besides the 4.127 bits/param (functional.py quantize_4bit, lines
+# 936-950): its 16-value NF4 code (fp32), the double-quantization offset (fp32 scalar) and the second level's
+# 256-value dynamic code (fp32); loaded through transformers each weight holds its own copies (measured on CPU)
+NF4_STATE_TENSOR_BYTES = 4 * 16 + 4 + 4 * 256
+ADAM8_BLOCK = 256  # bitsandbytes 8-bit optimizers: one fp32 absmax per block of 256 values
+ADAM8_MIN_SIZE = 4096  # bitsandbytes keeps 32-bit state for tensors with fewer elements (min_8bit_size)
+DEEPSPEED_STRATEGIES = (Strategy.ZERO1, Strategy.ZERO2)
+MIXED = (Precision.FP16_MIXED, Precision.BF16_MIXED)
+
+
+# ------------------------------------------------------------------------------------- parameters
+
+
+def lora_parameters(setup: TrainingSetup) -> int:
+    """Adapter parameters: ``r * (in + out)`` per targeted projection per layer (Hu et al. 2021)."""
+    return _lora_parameters(setup.model, setup.lora_rank, setup.lora_targets)
+
+
+@lru_cache(maxsize=1024)
+def _lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
+    dims = spec.projection_shapes
+    return spec.num_hidden_layers * sum(rank * sum(dims[t]) for t in targets)
+
+
+def trainable_parameters(setup: TrainingSetup) -> int:
+    return setup.model.num_parameters if setup.method is Method.FULL else lora_parameters(setup)
+
+
+def quantized_parameters(setup: TrainingSetup) -> int:
+    """Parameters of the decoder layers' projection matrices (what QLoRA quantizes)."""
+    return setup.model.num_hidden_layers * setup.model.layer_matmul_params
+
+
+def half_weights(setup: TrainingSetup) -> bool:
+    """Are the (base) weights stored in half precision?"""
+    if setup.precision in (Precision.FP16, Precision.BF16):
+        return True
+    return setup.precision in MIXED and (setup.method is not Method.FULL or setup.strategy in DEEPSPEED_STRATEGIES)
+
+
+def param_bytes(setup: TrainingSetup) -> int:
+    """Bytes per element of the (base) weights as stored."""
+    return 2 if half_weights(setup) else 4
+
+
+def weight_bytes_total(setup: TrainingSetup) -> int:
+    """All parameters' bytes on one full replica (before sharding)."""
+    n = setup.model.num_parameters
+    adapters = 4 * lora_parameters(setup) if setup.method is not Method.FULL else 0  # fp32 adapters (peft)
+    if setup.method is Method.QLORA:
+        quantized = quantized_parameters(setup)
+        packed = round(quantized * NF4_DQ_BITS / 8)
+        return packed + 2 * (n - quantized) + adapters
+    return param_bytes(setup) * n + adapters
+
+
+def nf4_state_fixed_bytes(setup: TrainingSetup) -> int:
+    """QLoRA: the per-weight constants of bitsandbytes' quantization states (codes and offset), zero otherwise.
+
+    NB: 1,092 bytes per quantized matrix -- about 240 KiB for a 7B model, but 0.3 % of a tiny one.
+    """
+    if setup.method is not Method.QLORA:
+        return 0
+    return NF4_STATE_TENSOR_BYTES * 7 * setup.model.num_hidden_layers
+
+
+def grad_bytes_per_param(setup: TrainingSetup) -> int:
+    """Gradients have their parameter's dtype (fp32 adapters, fp32 weights under autocast)."""
+    if setup.method is Method.FULL and half_weights(setup):
+        return 2
+    return 4
+
+
+def gradient_bytes_total(setup: TrainingSetup) -> int:
+    return grad_bytes_per_param(setup) * trainable_parameters(setup)
+
+
+def master_weight_bytes_total(setup: TrainingSetup) -> int:
+    """DeepSpeed-style mixed precision keeps fp32 master weights beside the half ones (ZeRO: 4 B/param)."""
+    deepspeed = setup.strategy in DEEPSPEED_STRATEGIES
+    if not (deepspeed and setup.precision in MIXED and setup.method is Method.FULL):
+        return 0
+    return 4 * trainable_parameters(setup)
+
+
+def optimizer_state_bytes_total(setup: TrainingSetup) -> int:
+    """Optimizer state of every trained parameter, unsharded."""
+    p = trainable_parameters(setup)
+    state_dtype = 4 if setup.strategy in DEEPSPEED_STRATEGIES else grad_bytes_per_param(setup)
+    if setup.optimizer is Optimizer.ADAMW:
+        return 2 * state_dtype * p  # exp_avg, exp_avg_sq like the parameter
+    if setup.optimizer is Optimizer.SGD:
+        return state_dtype * p  # momentum_buffer
+    # bitsandbytes AdamW8bit: two uint8 states + one fp32 absmax per 256 values each; small tensors 32-bit
+    small = _small_tensor_parameters(setup)
+    return round(2 * (p - small) * (1 + 4 / ADAM8_BLOCK)) + 8 * small
+
+
+def _small_tensor_parameters(setup: TrainingSetup) -> int:
+    """Trained parameters in tensors under bitsandbytes' min_8bit_size (kept in 32-bit state)."""
+    spec = setup.model
+    if setup.method is Method.FULL:
+        return (2 * spec.num_hidden_layers + 1) * spec.hidden_size  # the RMSNorm weights
+    dims = spec.projection_shapes
+    small = sum(setup.lora_rank * n for t in setup.lora_targets for n in dims[t]
+                if setup.lora_rank * n < ADAM8_MIN_SIZE)
+    return spec.num_hidden_layers * small
+
+
+# ------------------------------------------------------------------------------------------ per GPU
+
+
+def weights_on_gpu(setup: TrainingSetup) -> int:
+    """Persistent weights per GPU."""
+    total = weight_bytes_total(setup) + nf4_state_fixed_bytes(setup)
+    return sharding.per_gpu(setup, MemCategory.WEIGHTS, total)
+
+
+def gradients_on_gpu(setup: TrainingSetup) -> int:
+    return sharding.per_gpu(setup, MemCategory.GRADIENTS, gradient_bytes_total(setup))
+
+
+def master_weights_on_gpu(setup: TrainingSetup) -> int:
+    return sharding.per_gpu(setup, MemCategory.MASTER_WEIGHTS, master_weight_bytes_total(setup))
+
+
+def optimizer_on_gpu(setup: TrainingSetup) -> int:
+    return sharding.per_gpu(setup, MemCategory.OPTIMIZER_STATE, optimizer_state_bytes_total(setup))
+
+
+def optimizer_temp_bytes(setup: TrainingSetup) -> int:
+    """Temporaries of the optimizer step.
+
+    torch's foreach AdamW: ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``, one state-sized
+    temporary.  DeepSpeed ZeRO-1/2: the fp32 copy of this rank's gradient partition that its (fused)
+    optimizer steps with (``single_grad_partition``, 4 bytes per parameter / data-parallel degree).
+    NB: SGD and the 8-bit optimizer update in place; offloaded states step on the host.
+    """
+    if setup.strategy in DEEPSPEED_STRATEGIES:
+        return ceil_div(4 * trainable_parameters(setup), setup.world_size)
+    if setup.optimizer is not Optimizer.ADAMW or setup.strategy is Strategy.FSDP_OFFLOAD:
+        return 0
+    return optimizer_on_gpu(setup) // 2

@@ -1,0 +1,199 @@
+"""The training step oomlab traces and measures, built from a setup: the model (transformers, peft LoRA), its
+dtypes, the optimizer and one step of forward with loss, backward, ``optimizer.step()`` and ``zero_grad``.
+
+Modelling choices (so traced, measured and analytic agree on what is modelled):
+
+- precision ``fp32``: model in float32, no autocast. ``fp16-mixed`` / ``bf16-mixed``: float32 parameters (they
+  are the master weights) and autocast around forward and loss; CPU autocast keeps the same cache of cast weight
+  copies as CUDA autocast (``cached_cast`` in ``autocast_mode.cpp`` applies to every device), freed when the
+  outermost autocast exits, i.e. before backward. ``fp16`` / ``bf16``: parameters, gradients and optimizer
+  state in that dtype.
+- method ``lora``: peft ``LoraConfig(r, lora_alpha, target_modules, lora_dropout=0.0)``. **The frozen base is
+  stored in the compute dtype** -- fp16 for ``fp16-mixed``, bf16 for ``bf16-mixed`` -- because a frozen base is
+  kept in half in practice; the adapters are float32 for ``*-mixed`` (peft's ``autocast_adapter_dtype``) and in
+  the model dtype otherwise. ``qlora`` needs real weights (bitsandbytes' NF4 kernels run on real data); it is
+  built by :mod:`oomlab.budget.measured`.
+- optimizer ``adamw``: ``torch.optim.AdamW(foreach=True)`` and ``sgd``: ``SGD(momentum=0.9, foreach=True)`` --
+  ``foreach`` is what PyTorch picks by default for CUDA parameters (on CPU it would not), so the optimizer
+  temporaries (AdamW's ``sqrt(v)`` over all parameters at once) match a GPU run. ``adamw-8bit`` is bitsandbytes'.
+- checkpointing: ``model.activation_checkpointing_enable({"use_reentrant": False})`` (transformers 5 renamed
+  ``gradient_checkpointing_enable``), which checkpoints each decoder layer's ``forward``.
+- The loss: ``model(input_ids=ids, labels=ids).loss`` on random token ids; only the loss is kept (as the Hugging
+  Face ``Trainer`` does), so the logits die once backward no longer needs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from oomlab.core.choices import Method, Optimizer, Precision
+from oomlab.core.errors import InvalidValueError
+from oomlab.core.models import ModelSpec, model_from_config
+from oomlab.core.quiet import quiet_libraries
+from oomlab.core.setup import TrainingSetup, make_setup
+
+BACKWARD_DONE = "backward done"  # the timeline mark after loss.backward(); later events are the optimizer's
+
+LEARNING_RATE = 1e-4  # irrelevant to memory; any positive value
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries a trace depends on."""
+    import peft
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
+
+
+# ------------------------------------------------------------------------------------------------ tiny models
+
+TINY_CONFIG: dict[str, Any] = {
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 344,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "_source": "oomlab tiny LLaMA for traced-vs-measured checks",
+}
+
+def tiny_model(**config: Any) -> ModelSpec:
+    """A tiny LLaMA-family spec (h=128, 2 layers, V=512 unless overridden)."""
+    fields = {**TINY_CONFIG, **config}
+    name = "tiny-llama-" + "-".join(f"{k}{v}" for k, v in sorted(config.items())) if config else "tiny-llama"
+    return model_from_config(fields, name)
+
+def tiny_setup(model_config: Mapping[str, Any] | None = None, **kw: Any) -> TrainingSetup:
+    """A :class:`TrainingSetup` over :func:`tiny_model` (defaults: batch 2, seq 128; every other knob as given)."""
+    kw.setdefault("batch", 2)
+    kw.setdefault("seq", 128)
+    kw.setdefault("gpu", "a100-80gb")  # only for validation (bf16 support); traces do not depend on the GPU
+    return make_setup(model=tiny_model(**dict(model_config or {})), **kw)
+
+
+# --------------------------------------------------------------------------------------------- building a step
+
+
+@dataclass(frozen=True)
+class StepDTypes:
+    """The dtypes one setup trains with (torch dtype names)."""
+
+    storage: str  # dtype of the (base) model's parameters as built
+    autocast: str | None  # autocast dtype around forward and loss, or None
+    adapters_fp32: bool  # LoRA adapters kept in float32 (peft's autocast_adapter_dtype)
+
+def step_dtypes(setup: TrainingSetup) -> StepDTypes:
+    """Storage and compute dtypes for a setup; see the module docstring for the choices."""
+    precision, adapters = setup.precision, setup.method in (Method.LORA, Method.QLORA)
+    if precision is Precision.FP32:
+        return StepDTypes("float32", None, False)
+    half = precision.compute_dtype
+    if precision in (Precision.FP16_MIXED, Precision.BF16_MIXED):
+        # full fine-tuning keeps fp32 parameters (master weights); a frozen base is stored in half
+        return StepDTypes(half if adapters else "float32", half, adapters)
+    return StepDTypes(half, None, adapters)  # peft keeps adapters fp32 over a half base by default
+
+def build_model(setup: TrainingSetup, device: str) -> Any:
+    """The setup's model on ``device`` ("meta" for traces, "cpu" for real tiny runs), in training mode.
+
+    Checkpointing and attention are set on the transformers model; LoRA is applied with peft. QLoRA is built
+    by :mod:`oomlab.measure` (it needs real weights to quantize).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if setup.method is Method.QLORA:
+        raise InvalidValueError("method 'qlora' needs real weights; build it with oomlab.budget.measured.real_model")
+    dtypes = step_dtypes(setup)
+    config = setup.model.hf_config()
+    config.use_cache = False  # a training step: no KV cache
+    with quiet_libraries():
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=getattr(torch, dtypes.storage), attn_implementation=setup.attention.value
+            )
+        if setup.checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if setup.method is Method.LORA:
+        model = apply_lora(model, setup, adapters_fp32=dtypes.adapters_fp32)
+    model.train()
+    return model
+
+def apply_lora(model: Any, setup: TrainingSetup, *, adapters_fp32: bool) -> Any:
+    """Wrap ``model`` with peft LoRA adapters on ``setup.lora_targets`` (base frozen)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=setup.lora_rank,
+        lora_alpha=setup.lora_alpha,
+        target_modules=list(setup.lora_targets),
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config, autocast_adapter_dtype=adapters_fp32)
+
+def make_optimizer(setup: TrainingSetup, params: list[Any]) -> Any:
+    """The setup's optimizer over ``params`` (state created lazily by the first ``step()``)."""
+    import torch
+
+    if setup.optimizer is Optimizer.ADAMW:
+        return torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=True)
+    if setup.optimizer is Optimizer.SGD:
+        return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
+    try:
+        import bitsandbytes as bnb
+    except ImportError as err:  # pragma: no cover - bitsandbytes is a dependency
+        raise InvalidValueError("optimizer 'adamw-8bit' needs bitsandbytes; pip install bitsandbytes") from err
+    return bnb.optim.AdamW8bit(params, lr=LEARNING_RATE)
+
+def trainable_tensors(model: Any) -> list[Any]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+def run_step(
+    model: Any,
+    optimizer: Any,
+    input_ids: Any,
+    autocast_dtype: str | None,
+    mark: Callable[[str], None] = lambda label: None,
+) -> None:
+    """One training step: forward with loss, backward, optimizer step, zero_grad (set_to_none)."""
+    import torch
+
+    if autocast_dtype is None:
+        autocast = contextlib.nullcontext()
+    else:
+        autocast = torch.autocast(device_type="cpu", dtype=getattr(torch, autocast_dtype))
+    with autocast:
+        loss = model(input_ids=input_ids, labels=input_ids).loss
+    mark("loss")
+    loss.backward()
+    mark(BACKWARD_DONE)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    mark("zero_grad done")
+
+@contextlib.contextmanager
+def real_data_decisions() -> Iterator[None]:
+    """Make transformers take, on fake tensors, the branches it takes on the real token ids.
+
+    transformers reads tensor *values* in one place of a LLaMA training forward: ``find_packed_sequence_indices``
+    checks whether the position ids describe several packed sequences, and skips the check -- assuming packing --
+    when the tensor is fake (``is_tracing``). Assuming packing disables SDPA's ``is_causal`` fast path and
+    materialises a ``batch x 1 x seq x seq`` mask plus an additive copy per layer, memory a real step never
+    allocates. Our ids are one unpacked sequence per row (positions ``0 .. seq-1``), for which the real answer
+    is ``None``.
+    """
+    from unittest import mock
+
+    from transformers import masking_utils
+
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+        yield

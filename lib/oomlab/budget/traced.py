@@ -1,0 +1,279 @@
+"""Traced memory of one training step: PyTorch's own ``MemTracker`` under ``FakeTensorMode``, on CPU, at full size.
+
+The reference the analytic budget (:mod:`oomlab.budget.analytic`) is checked against. A real ``transformers``
+model (peft for LoRA) runs the step of :mod:`oomlab.budget.step` on fake tensors -- shapes, dtypes and storages but
+no data -- while the step tracker of :mod:`oomlab.budget.tracker` watches every storage created and freed. A 13B
+step traces in seconds with a few hundred MiB of host RAM.
+
+The traced step is the **first** step after building the model (the optimizer creates its state lazily inside
+``step()``), the one that runs out of memory in practice; :func:`traced_budget` turns it into the steady state
+the analytic budget models (later steps start with the optimizer state already allocated).
+
+- strategy ``single`` and ``ddp``: the same per-rank trace (DDP's gradient buckets are measured by
+  :func:`oomlab.budget.measured.measure_ddp_buckets`); ``fsdp`` / ``fsdp-offload``: FSDP2 ``fully_shard`` per
+  decoder layer and the root over a fake process group of ``world_size`` ranks; ``zero1`` / ``zero2`` are analytic
+  only; ``qlora`` and ``adamw-8bit`` are measured only (bitsandbytes' kernels need real data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from oomlab.budget import workspace
+from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.result import BudgetResult, MemCategory, Phase, Source
+from oomlab.budget.step import (
+    build_model,
+    library_versions,
+    make_optimizer,
+    real_data_decisions,
+    run_step,
+    step_dtypes,
+    trainable_tensors,
+)
+from oomlab.budget.tracker import OFFLOADED_CATEGORIES, TraceResult, budget_category, make_tracker, tracker_result
+from oomlab.core import paths
+from oomlab.core.choices import Method, Optimizer, Strategy
+from oomlab.core.errors import InvalidValueError
+from oomlab.core.quiet import quiet_libraries
+from oomlab.core.setup import TrainingSetup
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TRACE_VERSION = 2  # bump when what a trace records changes; part of the cache key
+
+
+
+# --------------------------------------------------------------------------------------------------- tracing
+
+
+def _check_traceable(setup: TrainingSetup) -> None:
+    if setup.strategy in (Strategy.ZERO1, Strategy.ZERO2):
+        raise InvalidValueError(
+            f"strategy {setup.strategy.value!r} is analytic only: DeepSpeed ZeRO has no PyTorch-native tracer on "
+            "CPU; use source='analytic', or trace 'ddp' (ZeRO-0) or 'fsdp' (ZeRO-3) to bracket it"
+        )
+    if setup.method is Method.QLORA:
+        raise InvalidValueError(
+            "method 'qlora' cannot be traced: bitsandbytes' NF4 kernels need real data (not FakeTensorMode); "
+            "measure a tiny model with oomlab.measure.measure_real, or use source='analytic'"
+        )
+    if setup.optimizer is Optimizer.ADAMW_8BIT:
+        raise InvalidValueError(
+            "optimizer 'adamw-8bit' cannot be traced: bitsandbytes' 8-bit kernels need real data; measure a "
+            "tiny model with oomlab.measure.measure_real, or use source='analytic'"
+        )
+
+def _trace_single(setup: TrainingSetup) -> TraceResult:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    start = time.perf_counter()
+    dtypes = step_dtypes(setup)
+    with quiet_libraries(), real_data_decisions():
+        model = build_model(setup, "meta")
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            input_ids = torch.randint(0, setup.model.vocab_size, (setup.batch, setup.seq))
+            tracker = make_tracker(model)
+            tracker.track_external(model, input_ids)
+            with tracker:
+                optimizer = make_optimizer(setup, trainable_tensors(model))
+                run_step(model, optimizer, input_ids, dtypes.autocast, tracker.mark)
+    return tracker_result(tracker, seconds=time.perf_counter() - start, method="memtracker-fake")
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[None]:
+    """A fake ``world_size``-rank default process group (collectives do nothing) for the duration."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise InvalidValueError(
+            "trace_step for fsdp needs to create a fake process group, but one is already initialised in this "
+            "process; call torch.distributed.destroy_process_group() first or trace in a fresh process"
+        )
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+@contextlib.contextmanager
+def own_propagation_fake_mode() -> Iterator[None]:
+    """Make DTensor's sharding propagation run in its own ``FakeTensorMode``, not the trace's.
+
+    ``ShardingPropagator`` computes output metadata by running each op at *global* shape under
+    ``detect_fake_mode() or FakeTensorMode()``; inside a fake trace that is the trace's own mode, so
+    ``FSDPMemTracker`` (which skips only ops of a different fake mode) counts those global-shape tensors --
+    with ``AdamW(foreach=True)`` an unsharded copy of the optimizer temporaries. In its own mode they are
+    skipped, and fake-PG numbers match a real gloo process group.
+    """
+    from unittest import mock
+
+    from torch.distributed.tensor import _sharding_prop
+
+    with mock.patch.object(_sharding_prop, "detect_fake_mode", lambda *args, **kwargs: None):
+        yield
+
+def _trace_fsdp(setup: TrainingSetup) -> TraceResult:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    start = time.perf_counter()
+    dtypes = step_dtypes(setup)
+    offload = setup.strategy is Strategy.FSDP_OFFLOAD
+    with quiet_libraries(), real_data_decisions(), own_propagation_fake_mode(), fake_process_group(setup.world_size):
+        model = build_model(setup, "meta")
+        mesh = init_device_mesh("cpu", (setup.world_size,))
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+        for module in model.modules():
+            if type(module).__name__.endswith("DecoderLayer"):
+                fully_shard(module, **kwargs)
+        fully_shard(model, **kwargs)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            input_ids = torch.randint(0, setup.model.vocab_size, (setup.batch, setup.seq))
+            optimizer = make_optimizer(setup, trainable_tensors(model))  # after fully_shard: sharded state
+            tracker = make_tracker(model, optimizer, fsdp=True)
+            if offload:
+                tracker.host_categories = OFFLOADED_CATEGORIES
+            tracker.track_inputs((input_ids,))
+            with tracker:
+                run_step(model, optimizer, input_ids, dtypes.autocast, tracker.mark)
+    notes = ("parameter, gradient and optstate offloaded: reported as host_*, not in peak_bytes",) if offload else ()
+    return tracker_result(tracker, seconds=time.perf_counter() - start, method="fsdp-memtracker-fake", notes=notes)
+
+def trace_step(setup: TrainingSetup, *, use_cache: bool = True) -> TraceResult:
+    """Trace the first training step of ``setup`` on one GPU (rank), at full size, on CPU.
+
+    See the module docstring for what the step is and how each knob is modelled. Results are cached under
+    ``outputs/cache/`` by a hash of the setup, the library versions and :data:`TRACE_VERSION`;
+    ``use_cache=False`` traces again (and refreshes the cache).
+    """
+    _check_traceable(setup)
+    path = cache_path(setup)
+    if use_cache and path.is_file():
+        try:
+            return TraceResult.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged entry: trace again and overwrite it
+    if setup.strategy in (Strategy.FSDP, Strategy.FSDP_OFFLOAD):
+        result = _trace_fsdp(setup)
+    else:
+        result = _trace_single(setup)
+    write_cache(path, result)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------ cache
+
+
+def cache_key(setup: TrainingSetup) -> str:
+    """sha256 over the setup's traced fields, the library versions and :data:`TRACE_VERSION`."""
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(setup):
+        value = getattr(setup, f.name)
+        if f.name == "model":
+            value = {"name": value.name, "config": dict(value.config)}
+        elif f.name == "gpu":
+            continue  # a trace does not depend on the GPU model
+        elif isinstance(value, enum.Enum):
+            value = value.value
+        fields[f.name] = value
+    payload = {"setup": fields, "versions": library_versions(), "trace_version": TRACE_VERSION}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+def cache_path(setup: TrainingSetup) -> Path:
+    return paths.cache_dir() / f"trace-{cache_key(setup)}.json"
+
+def write_cache(path: Path, result: TraceResult) -> None:
+    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(result.to_json(), handle)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+# ------------------------------------------------------------------------------------- as a budget
+
+
+def steady_phase_totals(trace: TraceResult) -> dict[Phase, int]:
+    """Phase peaks of a steady-state step from a first-step trace.
+
+    The traced step is the first: its optimizer state appears inside ``optimizer.step()``.  In every later
+    step that state already exists during forward and backward, so it is added to those phases' peaks.
+    """
+    state = _final_optimizer_state(trace)
+    return {
+        phase: total + (state if phase is not Phase.OPTIMIZER else 0)
+        for phase, total in trace.phase_peaks.items()
+    }
+
+def _final_optimizer_state(trace: TraceResult) -> int:
+    for _, _, snap in reversed(trace.timeline):
+        if "optstate" in snap:
+            return int(snap["optstate"])
+    return int(trace.peak_by_category.get("optstate", 0))
+
+def traced_budget(setup: TrainingSetup, outside_bytes: int | None = None) -> BudgetResult:
+    """A :class:`~oomlab.budget.result.BudgetResult` whose allocated figures come from :func:`trace_step`.
+
+    Steady state, as the analytic budget: the first step's trace plus the optimizer state during forward and
+    backward (:func:`steady_phase_totals`).  Components at the peak are the trace's categories mapped onto
+    :class:`~oomlab.budget.result.MemCategory`; outside-PyTorch memory and allocator overhead are the analytic ones.
+    """
+    trace = trace_step(setup)
+    steady = steady_phase_totals(trace)
+    buckets = workspace.ddp_bucket_bytes(setup)  # DDP's flat buckets: measured = gradient bytes (measure_ddp_buckets)
+    totals = {phase: total + buckets for phase, total in steady.items()}
+    peak_phase = max(totals, key=lambda p: totals[p])
+    analytic = estimate_setup(setup, outside_bytes)
+    if peak_phase is trace.peak_phase:
+        breakdown, breakdown_total = trace.peak_by_category, trace.peak_bytes
+    else:  # the steady-state peak falls in another phase: take that phase's largest timeline snapshot
+        snaps = [snap for _, phase, snap in trace.timeline if phase is peak_phase] or [trace.peak_by_category]
+        breakdown = max(snaps, key=lambda snap: sum(v for k, v in snap.items() if not k.startswith("host_")))
+        breakdown_total = sum(v for k, v in breakdown.items() if not k.startswith("host_"))
+    components: dict[MemCategory, int] = {}
+    for category, value in breakdown.items():
+        if category.startswith("host_") or not value:
+            continue
+        key = budget_category(category)
+        components[key] = components.get(key, 0) + int(value)
+    # the steady state's optimizer state (and the gap to the phase's true peak between snapshots)
+    extra = steady[peak_phase] - breakdown_total
+    if extra:
+        components[MemCategory.OPTIMIZER_STATE] = components.get(MemCategory.OPTIMIZER_STATE, 0) + extra
+    if buckets:
+        components[MemCategory.WORKSPACE] = components.get(MemCategory.WORKSPACE, 0) + buckets
+    for key in (MemCategory.ALLOCATOR_OVERHEAD, MemCategory.OUTSIDE_PYTORCH):
+        components[key] = analytic.components[key]
+    phases = {p: MappingProxyType({MemCategory.ACTIVATIONS: v}) for p, v in totals.items()}
+    return BudgetResult(
+        setup=setup, source=Source.TRACED, peak_phase=peak_phase,
+        phases=MappingProxyType(phases), components=MappingProxyType(components),
+        host_ram_bytes=analytic.host_ram_bytes, capacity_bytes=analytic.capacity_bytes,
+        notes=(f"traced with {trace.method} in {trace.seconds:.1f} s", *trace.notes, *analytic.notes),
+    )

@@ -1,0 +1,43 @@
+"""Every error oomlab raises on purpose, in one place.
+
+Bad user input is an :class:`OomlabError` (a ``ValueError``; the CLI turns it into exit code 2): its message names
+the bad value and lists what is accepted.  A failed pipeline run or report is a :class:`PipelineError` /
+:class:`ReportError` (``RuntimeError``; exit code 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class OomlabError(ValueError):
+    """Base class: bad input to oomlab (the CLI turns it into exit code 2)."""
+
+
+class UnknownNameError(OomlabError):
+    """A model, GPU, dtype or other name that oomlab does not know."""
+
+    def __init__(self, kind: str, value: object, known: Iterable[str], hint: str = "") -> None:
+        self.kind = kind
+        self.value = value
+        self.known = sorted(known)
+        message = f"unknown {kind} {value!r}; known: {', '.join(self.known)}"
+        if hint:
+            message += f" ({hint})"
+        super().__init__(message)
+
+
+class InvalidValueError(OomlabError):
+    """A value of the right kind but outside what is accepted (a negative size, say)."""
+
+
+class NotAnOomMessageError(OomlabError):
+    """The input holds no CUDA out-of-memory message of PyTorch's caching allocator."""
+
+
+class PipelineError(RuntimeError):
+    """A notebook failed (error, timeout or dead kernel) or did not write its results."""
+
+
+class ReportError(RuntimeError):
+    """The rendered report would not be self-contained."""

@@ -1,0 +1,48 @@
+"""The case oomlab starts from: the seed report and the figures of its OOM message.
+
+The report ships as package data (``data/seed-oom-report.txt``, a verbatim copy of the user's post); its
+message's figures ship beside it as ``data/seed-figures.json`` (read here without the parser, so every stage may
+use them; ``tests/explanation/test_message.py`` checks that the parser reads exactly these figures from the report).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+
+from oomlab.core.paths import SEED_FIGURES, SEED_REPORT
+from oomlab.core.units import parse_size
+
+SEED_MODEL = "llama-13b"
+SEED_DTYPE = "float16"
+SEED_GPU = "t4"
+SEED_GPUS = 4
+
+
+@dataclass(frozen=True)
+class SeedFigures:
+    """The figures of the seed's OOM message, as printed (text) and as the bytes they denote."""
+
+    message: str  # the message, joined onto one line
+    tried: str
+    total: str
+    allocated: str
+    free: str
+    reserved: str
+    device_index: int
+
+    @property
+    def free_bytes(self) -> int:
+        """The printed free figure in bytes (the value the two decimals denote)."""
+        return parse_size(self.free)
+
+
+def seed_report_text() -> str:
+    return SEED_REPORT.read_text(encoding="utf-8")
+
+
+@cache
+def seed_figures() -> SeedFigures:
+    """The seed message's figures (``data/seed-figures.json``)."""
+    return SeedFigures(**json.loads(SEED_FIGURES.read_text(encoding="utf-8")))

@@ -1,0 +1,70 @@
+"""Byte units and torch-style formatting. Sizes are ``int`` bytes inside oomlab; text only at the edge."""
+
+from __future__ import annotations
+
+import re
+
+from oomlab.core.errors import InvalidValueError
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+
+def ceil_div(numerator: int, denominator: int) -> int:
+    """``ceil(numerator / denominator)`` in integers (a shard of ``numerator`` bytes over ``denominator`` ranks)."""
+    return -(-numerator // denominator)
+
+
+_UNITS = {"b": 1, "bytes": 1, "byte": 1, "kib": KiB, "mib": MiB, "gib": GiB, "tib": 1024**4,
+          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+
+
+def format_size(size_bytes: int) -> str:
+    """Format bytes exactly as PyTorch's ``c10::CachingAllocator::format_size`` does.
+
+    Boundaries are inclusive on the smaller unit: 1024 bytes prints as ``"1024 bytes"``,
+    1 MiB as ``"1024.00 KiB"``, 1 GiB as ``"1024.00 MiB"`` (``size <= 1024`` etc. in the C++).
+    ``std::fixed`` with precision 2 rounds the binary double correctly, like Python's ``.2f``.
+    """
+    size_bytes = int(size_bytes)
+    if size_bytes <= 1024:
+        return f"{size_bytes} bytes"
+    if size_bytes <= MiB:
+        return f"{size_bytes / 1024.0:.2f} KiB"
+    if size_bytes <= GiB:
+        return f"{size_bytes / 1048576.0:.2f} MiB"
+    return f"{size_bytes / 1073741824.0:.2f} GiB"
+
+
+def format_signed_size(size_bytes: int | None) -> str:
+    """:func:`format_size` for display: ``"-"`` for no value, a minus sign before a negative size (a shortfall)."""
+    if size_bytes is None:
+        return "-"
+    return format_size(size_bytes) if size_bytes >= 0 else "−" + format_size(-size_bytes)
+
+
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Parse ``"192GiB"``, ``"40.81 MiB"``, ``"1024 bytes"`` or a plain integer into bytes.
+
+    Binary units (KiB/MiB/GiB/TiB) are powers of 1024; decimal ones (KB/MB/GB/TB) powers of 1000.
+    """
+    if isinstance(text, bool):
+        raise InvalidValueError(f"invalid size {text!r}; expected a number of bytes or e.g. '192GiB'")
+    if isinstance(text, int):
+        if text < 0:
+            raise InvalidValueError(f"invalid size {text!r}; sizes must be >= 0")
+        return text
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise InvalidValueError(
+            f"invalid size {text!r}; expected a number with an optional unit "
+            f"({', '.join(sorted(_UNITS))}), e.g. '192GiB'"
+        )
+    number, unit = match.groups()
+    unit = unit.lower() or "b"
+    if unit not in _UNITS:
+        raise InvalidValueError(f"unknown size unit {unit!r} in {text!r}; known: {', '.join(sorted(_UNITS))}")
+    return round(float(number) * _UNITS[unit])

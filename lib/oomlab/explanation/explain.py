@@ -1,0 +1,125 @@
+"""Explain a CUDA out-of-memory message the way an expert reads it, saying only what it supports.
+
+``explain(text, model=..., gpu=..., dtype=...)`` decodes the message (:mod:`.message`) and its traceback
+(:mod:`.frames`), then:
+
+* the request: "Tried to allocate" is the segment asked of cudaMalloc, so it names a range of request sizes,
+  not one tensor size (:mod:`.request`);
+* fragmentation (reserved − allocated) and whether the message's own hint can help;
+* memory outside this process's allocator (total − free − reserved) against a CUDA context's size;
+* anomalies (allocated above capacity, a request above capacity, device ≠ 0, an ``allowed`` cap …:
+  :mod:`.anomalies`);
+* with a model: the parameter tensors and dtypes whose segment prints as the request, and, when the
+  traceback shows ``Module._apply``, where the allocated figure falls along the ``_apply`` walk (:mod:`.candidates`);
+* the torch releases whose ``module.py`` line numbers match the traceback (:mod:`.torch_versions`);
+* the phase (moving, loading, forward, backward, optimizer step) the traceback's frames show (:mod:`.phase`).
+
+The findings are data (:class:`~.findings.Findings`); the verdict is written from them (:mod:`.verdict`); an
+:class:`Explanation` is both; :func:`oomlab.explanation.display.render_explanation` formats it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from oomlab.core.dtypes import load_dtype
+from oomlab.core.gpus import known_gpus, load_gpu
+from oomlab.core.models import load_model
+from oomlab.explanation.anomalies import find_anomalies
+from oomlab.explanation.candidates import Candidate, tensor_candidates, walk_position
+from oomlab.explanation.findings import Findings
+from oomlab.explanation.frames import parse_traceback
+from oomlab.explanation.message import PrintedSize, interval_sub, parse_oom_message
+from oomlab.explanation.phase import detect_phase
+from oomlab.explanation.request import request_range
+from oomlab.explanation.torch_versions import match_torch_versions, observe_module_lines
+from oomlab.explanation.verdict import compose_verdict
+
+
+@dataclass(frozen=True)
+class Explanation(Findings):
+    """Everything ``oomlab explain`` says about one message: the findings and the verdict written from them."""
+
+    verdict: str
+
+    @classmethod
+    def of(cls, findings: Findings, verdict: str) -> Explanation:
+        return cls(**{f.name: getattr(findings, f.name) for f in fields(Findings)}, verdict=verdict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "verdict": self.verdict}
+
+
+def _gpu_matches(total: PrintedSize | None) -> tuple[str, ...]:
+    if total is None:
+        return ()
+    return tuple(g for g in known_gpus() if total.low_bytes <= load_gpu(g).total_memory_bytes <= total.high_bytes)
+
+def explain(
+    text: str | bytes, model: str | None = None, gpu: str | None = None, dtype: str | None = None
+) -> Explanation:
+    """Decode the CUDA OOM message in ``text`` and say what it supports.
+
+    Raises :class:`NotAnOomMessageError` (an :class:`~oomlab.errors.OomlabError`) when ``text`` holds none,
+    and ``UnknownNameError`` for an unknown model, GPU or dtype — all checked before any work.
+    """
+    spec = load_model(model) if model is not None else None
+    gpu_spec = load_gpu(gpu) if gpu is not None else None
+    dt = load_dtype(dtype).name if dtype is not None else None
+    msg = parse_oom_message(text)
+    frames, sources = parse_traceback(text)
+
+    reserved = msg.reserved_low_high
+    fragmentation = None
+    if msg.reserved_unallocated is not None:
+        fragmentation = (msg.reserved_unallocated.low_bytes, msg.reserved_unallocated.high_bytes)
+    elif msg.reserved is not None and msg.allocated is not None:
+        lo, hi = interval_sub(reserved, (msg.allocated.low_bytes, msg.allocated.high_bytes))
+        fragmentation = (max(lo, 0), max(hi, 0))
+    frag_bytes = None
+    if msg.reserved_unallocated is not None:
+        frag_bytes = msg.reserved_unallocated.value_bytes
+    elif msg.reserved is not None and msg.allocated is not None:
+        frag_bytes = max(msg.reserved.value_bytes - msg.allocated.value_bytes, 0)
+    outside = outside_bytes = None
+    if msg.total is not None and msg.free is not None and reserved is not None:
+        outside = interval_sub(interval_sub((msg.total.low_bytes, msg.total.high_bytes),
+                                              (msg.free.low_bytes, msg.free.high_bytes)), reserved)
+        outside_bytes = msg.total.value_bytes - msg.free.value_bytes - (msg.reserved_bytes or 0)
+    hint_can_help = None
+    if fragmentation is not None and msg.tried is not None:
+        if fragmentation[1] < msg.tried.low_bytes:
+            hint_can_help = False
+        elif fragmentation[0] >= msg.tried.high_bytes:
+            hint_can_help = True
+
+    gpu_matches = _gpu_matches(msg.total)
+    bf16 = gpu_spec.bf16 if gpu_spec is not None else (
+        load_gpu(gpu_matches[0]).bf16 if len({load_gpu(g).bf16 for g in gpu_matches}) == 1 and gpu_matches else None)
+    phase = detect_phase(frames)
+    observations = observe_module_lines(frames, sources)
+    versions = match_torch_versions(observations)
+
+    walk = None
+    candidates: tuple[Candidate, ...] = ()
+    if spec is not None:
+        candidates = tensor_candidates(msg, spec.name, dt, bf16)
+        if phase is not None and phase.code == "move":
+            replay = [dt] if dt else [c.dtype for c in candidates if c.dtype in ("float32", "float16", "bfloat16")]
+            tried_dtypes = list(dict.fromkeys(replay or ["float16", "bfloat16", "float32"]))
+            positions = [p for p in (walk_position(msg, spec.name, d, outside) for d in tried_dtypes) if p]
+            exact = [p for p in positions if p.matched]
+            walk = (exact or positions or [None])[0]
+            if exact:
+                candidates = tensor_candidates(msg, spec.name, dt, bf16, tuple(exact))
+
+    anomalies = tuple(find_anomalies(msg, outside, gpu_spec))
+    findings = Findings(
+        message=msg, model=spec.name if spec else None, gpu=gpu_spec.name if gpu_spec else None, dtype=dt,
+        request_range=request_range(msg.tried) if msg.tried is not None else (),
+        fragmentation=fragmentation, fragmentation_bytes=frag_bytes, outside=outside, outside_bytes=outside_bytes,
+        hint_can_help=hint_can_help, anomalies=anomalies, candidates=candidates, walk=walk, phase=phase,
+        torch_versions=versions, version_observations=observations, gpu_matches=gpu_matches, frames=frames,
+    )
+    return Explanation.of(findings, compose_verdict(findings, gpu_spec))

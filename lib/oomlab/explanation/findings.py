@@ -1,0 +1,104 @@
+"""What ``oomlab explain`` reads off a message: the figures' intervals, the request, fragmentation, memory outside
+PyTorch, anomalies, tensor candidates, the ``_apply`` walk position, the phase and the torch releases."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from oomlab.explanation.anomalies import Anomaly, outside_split
+from oomlab.explanation.candidates import Candidate, WalkPosition
+from oomlab.explanation.frames import Frame
+from oomlab.explanation.message import OomMessage, PrintedSize
+from oomlab.explanation.phase import TracebackPhase
+
+
+@dataclass(frozen=True)
+class Findings:
+    """Everything ``oomlab explain`` reads off one message, before the verdict is written."""
+
+    message: OomMessage
+    model: str | None
+    gpu: str | None
+    dtype: str | None
+    request_range: tuple[tuple[int, int], ...]  # tensor sizes (bytes, inclusive) that give the "Tried to allocate"
+    fragmentation: tuple[int, int] | None  # reserved − allocated, as an interval
+    fragmentation_bytes: int | None
+    outside: tuple[int, int] | None  # total − free − reserved, as an interval
+    outside_bytes: int | None
+    hint_can_help: bool | None  # whether max_split_size_mb / expandable_segments can help (None: cannot tell)
+    anomalies: tuple[Anomaly, ...]
+    candidates: tuple[Candidate, ...]
+    walk: WalkPosition | None
+    phase: TracebackPhase | None
+    torch_versions: tuple[str, ...]
+    version_observations: tuple[tuple[str, int], ...]  # (anchor, line) pairs read from the traceback
+    gpu_matches: tuple[str, ...]  # shipped GPUs whose capacity prints as the message's total
+    frames: tuple[Frame, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: every figure in bytes with its ``*_interval`` ([low, high], inclusive)."""
+        m = self.message
+        data: dict[str, Any] = {"format": m.format, "backend": m.backend or None, "device_index": m.device_index}
+
+        def put(key: str, size: PrintedSize | None) -> None:
+            data[f"{key}_bytes"] = None if size is None else size.value_bytes
+            data[f"{key}_interval"] = None if size is None else size.interval
+            data[f"{key}_printed"] = None if size is None else size.text
+
+        put("tried", m.tried)
+        put("total", m.total)
+        put("free", m.free)
+        put("allocated", m.allocated)
+        put("in_use", m.in_use)
+        put("reserved_unallocated", m.reserved_unallocated)
+        put("private_pools", m.private_pools)
+        put("reserved", m.reserved)
+        if m.reserved is None:  # new format: reserved = allocated + reserved-but-unallocated
+            reserved = m.reserved_low_high
+            data["reserved_bytes"] = m.reserved_bytes
+            data["reserved_interval"] = list(reserved) if reserved else None
+        data["reserved_derived"] = m.reserved is None and m.reserved_bytes is not None
+        put("allowed", m.allowed)
+        data["processes"] = [{"pid": p.pid, "bytes": p.memory.value_bytes, "interval": p.memory.interval,
+                              "printed": p.memory.text} for p in m.processes]
+        data["missing"] = list(m.missing)
+        data["hint"] = m.hint
+        data["hint_can_help"] = self.hint_can_help
+        data["request_range"] = [list(r) for r in self.request_range]
+        data["fragmentation_bytes"] = self.fragmentation_bytes
+        data["fragmentation_interval"] = list(self.fragmentation) if self.fragmentation else None
+        data["outside_pytorch_bytes"] = self.outside_bytes
+        data["outside_pytorch_interval"] = list(self.outside) if self.outside else None
+        split = outside_split(m)
+        data["non_pytorch_this_process_interval"] = list(split[0]) if split else None
+        data["other_processes_interval"] = list(split[1]) if split else None
+        data["anomalies"] = [{"code": a.code, "text": a.text} for a in self.anomalies]
+        data["model"], data["gpu"], data["dtype"] = self.model, self.gpu, self.dtype
+        data["gpu_matches"] = list(self.gpu_matches)
+        data["candidates"] = [
+            {"rank": c.rank, "shape": list(c.shape), "dtype": c.dtype, "kind": c.kind, "tensor_bytes": c.tensor_bytes,
+             "segment_bytes": c.segment_bytes, "count": c.count, "names": list(c.names), "roles": list(c.roles),
+             "layers": list(c.layers),
+             "evidence": list(c.evidence)}
+            for c in self.candidates
+        ]
+        w = self.walk
+        data["walk"] = None if w is None else {
+            "dtype": w.dtype, "matched": w.matched, "index": w.index, "tensor": w.tensor, "shape": list(w.shape),
+            "tensor_bytes": w.tensor_bytes, "tried_bytes": w.tried_bytes, "layer": w.layer,
+            "num_layers": w.num_layers, "allocated_before_bytes": w.allocated_before_bytes,
+            "reserved_before_bytes": w.reserved_before_bytes, "moved_parameters": w.moved_parameters,
+            "total_parameters": w.total_parameters, "moved_fraction": w.moved_fraction,
+            "model_bytes": w.model_bytes, "model_reserved_bytes": w.model_reserved_bytes,
+            "usable_interval": list(w.usable_bytes) if w.usable_bytes else None, "fits": w.fits,
+            "also_matching": w.also_matching,
+        }
+        data["phase"] = None if self.phase is None else {
+            "code": self.phase.code, "text": self.phase.text, "evidence": list(self.phase.evidence)}
+        data["torch_versions"] = list(self.torch_versions)
+        data["torch_version_evidence"] = [f"module.py:{line} {anchor}" for anchor, line in self.version_observations]
+        data["occurrences"] = m.occurrences
+        data["scanned_tail"] = m.scanned_tail
+        data["message"] = m.message
+        return data

@@ -1,0 +1,178 @@
+"""The pipeline's parameters, declared once: every notebook, the CLI's ``run``, the explorer and the tests read
+:data:`PARAMETERS`.  :func:`parse_params` reads a YAML file and ``key=value`` pairs into typed, validated values
+before any notebook runs.  Importing this module loads no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oomlab.core.choices import MESSAGE_FORMAT_NAMES, Attention, Device, Optimizer, Precision
+from oomlab.core.dtypes import load_dtype
+from oomlab.core.errors import InvalidValueError, OomlabError
+from oomlab.core.gpus import load_gpu
+from oomlab.core.models import load_model
+from oomlab.core.setup import DEFAULT_HOST_RAM
+from oomlab.core.units import parse_size
+
+
+@dataclass(frozen=True)
+class Param:
+    """One pipeline parameter: its type, default, help and what values it accepts."""
+
+    name: str
+    kind: type  # str, int, float or bool; None is accepted only when the default is None
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None  # inclusive lower bound for numbers
+    canonical: Callable[[Any], Any] | None = None  # validates and returns the canonical value
+
+    @property
+    def nullable(self) -> bool:
+        return self.default is None
+
+
+PARAMETERS: dict[str, Param] = {
+    p.name: p
+    for p in (
+        Param("model", str, "llama-13b", "shipped model name or path to a config.json",
+              canonical=lambda v: load_model(v).name),
+        Param("dtype", str, "float16", "storage dtype of the weights",
+              canonical=lambda v: load_dtype(v).name),
+        Param("gpu", str, "t4", "GPU model", canonical=lambda v: load_gpu(v).name),
+        Param("gpus", int, 4, "number of GPUs", minimum=1),
+        Param("non_pytorch_mib", float, None, "MiB held on the GPU outside PyTorch (None: measured/default)",
+              minimum=0),
+        Param("device", str, "auto", "where to reproduce the failure", choices=tuple(d.value for d in Device)),
+        Param("message_format", str, "old", "which PyTorch OOM message to print (old = torch<=2.0, new = torch>=2.1)",
+              choices=MESSAGE_FORMAT_NAMES),
+        Param("precision", str, "fp16-mixed", "training precision", choices=tuple(p.value for p in Precision)),
+        Param("optimizer", str, "adamw", "optimizer", choices=tuple(o.value for o in Optimizer)),
+        Param("batch", int, 1, "micro-batch per GPU", minimum=1),
+        Param("seq", int, 2048, "sequence length in tokens", minimum=1),
+        Param("checkpointing", bool, False, "activation checkpointing in the user's configuration"),
+        Param("attention", str, "sdpa", "attention implementation", choices=tuple(a.value for a in Attention)),
+        Param("lora_rank", int, 8, "LoRA rank for the LoRA/QLoRA remedies", minimum=1),
+        Param("host_ram", str, DEFAULT_HOST_RAM, "host RAM per node (assumed: a 4 x T4 g4dn.12xlarge has 192 GiB)",
+              canonical=lambda v: (parse_size(v), v)[1]),
+        Param("trace", bool, True, "also trace setups with PyTorch's MemTracker (seconds each, cached)"),
+    )
+}
+
+# Injected into a notebook when its parameters cell declares them; not user parameters.
+RESULTS_PATH_PARAM = "results_path"
+OUT_DIR_PARAM = "out_dir"
+
+_NONE_WORDS = ("none", "null", "~")
+_TRUE_WORDS = ("true", "yes", "on", "1")
+_FALSE_WORDS = ("false", "no", "off", "0")
+_KIND_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _accepted() -> str:
+    return ", ".join(sorted(PARAMETERS))
+
+
+def _convert(param: Param, raw: Any) -> Any:
+    """Turn a YAML value or a ``key=value`` string into ``param.kind`` (or None), or raise."""
+    expects = f"parameter {param.name!r} expects {_KIND_WORDS[param.kind]}"
+    if param.nullable:
+        expects += " or none"
+    none_word = isinstance(raw, str) and raw.strip().lower() in _NONE_WORDS
+    if raw is None or (none_word and (param.kind is not str or param.nullable)):
+        if param.nullable:
+            return None
+        raise InvalidValueError(f"{expects}, got {raw!r}")
+    if isinstance(raw, str) and param.kind is not str:
+        text = raw.strip().lower()
+        try:
+            if param.kind is bool:
+                if text not in _TRUE_WORDS + _FALSE_WORDS:
+                    raise ValueError(text)
+                return text in _TRUE_WORDS
+            return param.kind(text)
+        except ValueError as err:
+            raise InvalidValueError(f"{expects}, got {raw!r}") from err
+    if isinstance(raw, bool) and param.kind is not bool:  # bool is an int subclass: refuse `gpus: true`
+        raise InvalidValueError(f"{expects}, got {raw!r}")
+    if param.kind is float and isinstance(raw, int):
+        return float(raw)
+    if not isinstance(raw, param.kind):
+        raise InvalidValueError(f"{expects}, got {raw!r}")
+    return raw
+
+
+def _check(param: Param, value: Any) -> Any:
+    """Validate a converted value against choices, bounds and the spec loaders; return it canonical."""
+    if value is None:
+        return None
+    if param.choices is not None and value not in param.choices:
+        raise InvalidValueError(
+            f"parameter {param.name!r} must be one of {', '.join(param.choices)}; got {value!r}"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidValueError(f"parameter {param.name!r} must be a finite number, got {value!r}")
+    if param.minimum is not None and value < param.minimum:
+        raise InvalidValueError(f"parameter {param.name!r} must be >= {param.minimum:g}, got {value!r}")
+    if param.canonical is not None:
+        try:
+            return param.canonical(value)
+        except OomlabError as err:
+            raise InvalidValueError(f"parameter {param.name!r}: {err}") from err
+    return value
+
+
+def validate_params(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Type-check and validate ``raw`` (strings or typed values), fill defaults; raise on any bad key."""
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        param = PARAMETERS.get(key) if isinstance(key, str) else None
+        if param is None:
+            raise InvalidValueError(f"unknown parameter {key!r}; accepted: {_accepted()}")
+        values[key] = _check(param, _convert(param, value))
+    return {name: values.get(name, param.default) for name, param in PARAMETERS.items()}
+
+
+def _read_params_file(params_file: str | os.PathLike[str]) -> dict[Any, Any]:
+    import yaml
+
+    path = Path(params_file)
+    try:
+        text = path.read_text()
+    except FileNotFoundError as err:
+        raise InvalidValueError(f"params file {str(path)!r} does not exist") from err
+    except OSError as err:
+        raise InvalidValueError(f"params file {str(path)!r} cannot be read: {err.strerror}") from err
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise InvalidValueError(f"params file {str(path)!r} is not valid YAML: {err}") from err
+    if loaded is None:  # an empty file: no overrides
+        return {}
+    if not isinstance(loaded, dict):
+        raise InvalidValueError(
+            f"params file {str(path)!r} must be a mapping of parameter: value, got {type(loaded).__name__};"
+            f" accepted: {_accepted()}"
+        )
+    return loaded
+
+
+def parse_params(
+    pairs: Iterable[str] = (), params_file: str | os.PathLike[str] | None = None
+) -> dict[str, Any]:
+    """Read ``params_file`` (YAML mapping) then ``key=value`` pairs (which win); return every parameter."""
+    raw: dict[Any, Any] = {} if params_file is None else _read_params_file(params_file)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InvalidValueError(
+                f"malformed parameter {pair!r}: expected key=value; accepted: {_accepted()}"
+            )
+        raw[key.strip()] = value.strip()
+    return validate_params(raw)

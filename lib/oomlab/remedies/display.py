@@ -1,0 +1,135 @@
+"""Remedies for readers: the ranked table, the knob table, the device-map placement, the CLI text and the answer in
+words -- each written once, from the result objects (the report rebuilds them from its results JSON)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from oomlab.core.choices import Method
+from oomlab.core.gpus import load_gpu
+from oomlab.core.units import format_signed_size, format_size
+from oomlab.remedies.knobs import KnobChange
+from oomlab.remedies.placement import DeviceMapPlacement, layer_index
+from oomlab.remedies.plan import Plan
+from oomlab.remedies.remedy import Remedy
+
+
+def format_tokens_per_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+REMEDY_HEADERS = ("#", "remedy", "fits", "per-GPU peak", "headroom", "host RAM", "max micro-batch",
+                  "max seq (batch 1)", "tokens/s", "why")
+COMPACT_REMEDY_HEADERS = REMEDY_HEADERS[:7] + ("tokens/s",)  # the report's table: no max seq, no reason
+
+
+def remedy_rows(seed: Remedy, remedies: Sequence[Remedy], top: int = 15, *, compact: bool = False
+                ) -> list[tuple[Any, ...]]:
+    """The user's configuration, then the ``top`` ranked remedies, as display rows (``compact``: the report's)."""
+    rows = []
+    for i, r in enumerate([seed, *remedies[:top]]):
+        row = ("as configured" if i == 0 else str(i), r.name, "yes" if r.fits else "no",
+               format_signed_size(r.per_gpu_peak_bytes), format_signed_size(r.headroom_bytes),
+               format_signed_size(r.host_ram_bytes), "-" if r.max_batch is None else str(r.max_batch))
+        if compact:
+            rows.append((*row, format_tokens_per_s(r.tokens_per_s)))
+        else:
+            rows.append((*row, "-" if r.max_seq is None else str(r.max_seq), format_tokens_per_s(r.tokens_per_s),
+                         r.reason))
+    return rows
+
+
+KNOB_HEADERS = ("change", "per-GPU peak", "host RAM", "fits", "why")
+
+
+def knob_change_text(row: KnobChange) -> str:
+    """``method → lora + checkpointing → true``."""
+    return " + ".join(f"{k} → {v}" for k, v in row.changes)
+
+
+def knob_rows(knobs: Sequence[KnobChange]) -> list[tuple[Any, ...]]:
+    return [(knob_change_text(row), format_signed_size(row.per_gpu_peak_bytes),
+             format_signed_size(row.host_ram_bytes), "yes" if row.fits else "no", row.reason) for row in knobs]
+
+
+PLACEMENT_HEADERS = ("GPU", "decoder layers", "other modules", "fp16 weights", "training peak")
+
+
+def placement_rows(placement: DeviceMapPlacement) -> list[tuple[Any, ...]]:
+    rows = []
+    for g in placement.gpus:
+        layers = f"{g.layers[0]}–{g.layers[-1]} ({len(g.layers)})" if g.layers else "none"
+        others = ", ".join(m for m in g.modules if layer_index(m) is None) or "-"
+        rows.append((g.device, layers, others, format_size(g.weight_bytes), format_size(g.peak_bytes)))
+    return rows
+
+
+def render_plan(plan: Plan, top: int = 15) -> str:
+    """Plain text for the CLI: the user's configuration, the ranked remedies, the knob table, the assumptions."""
+    lines = [f"{plan.model} on {plan.nodes * plan.gpus} x {plan.gpu}, seq {plan.seq}, host RAM "
+             f"{format_size(plan.host_ram_bytes)}: {len(plan.fitting)} of {len(plan.remedies)} remedies fit "
+             f"({len(plan.dropped)} dropped)", ""]
+    for row in remedy_rows(plan.seed, plan.remedies, top):
+        idx, name, fits, peak, head, host, mb, ms, tps, why = row
+        lines.append(f"{idx:>4}  {name}")
+        lines.append(f"      fits {fits}; per-GPU peak {peak}; headroom {head}; host RAM {host}; max micro-batch "
+                     f"{mb}; max seq {ms}; tokens/s {tps}")
+        lines.append(f"      {why}")
+    lines += ["", "the configuration that determines the result (the user's with one or two knobs changed):"]
+    for change, peak, _host, fits, why in knob_rows(plan.knobs):
+        lines.append(f"  {change:<52} {peak:>12}  {fits:<3}  {why}")
+    rec = plan.recommended
+    lines += ["", f"recommended: {rec.name if rec else 'none fits'}"]
+    if rec and rec.config_files:
+        lines.append("  launch files: " + ", ".join(rec.config_files) + " (python -m oomlab plan --write-configs)")
+    lines += ["", "dropped:"] + [f"  {r.name}: {r.reason}" for r in plan.dropped[:5]]
+    if len(plan.dropped) > 5:
+        lines.append(f"  ... and {len(plan.dropped) - 5} more with the same reasons")
+    lines += ["", "assumptions:"] + [f"  - {a}" for a in plan.assumptions] + [f"  - {plan.seq_note}"]
+    return "\n".join(lines)
+
+
+def summarize(plan: Plan) -> str:
+    """The answer in plain words (Markdown), every figure from the plan."""
+    seed, rec = plan.seed, plan.recommended
+    gpu = load_gpu(plan.gpu)
+    lines = [
+        f"**The user's configuration does not fit.** {seed.reason}." if not seed.fits else
+        f"**The user's configuration fits**: {seed.reason}.",
+        f"Of {len(plan.remedies)} configurations budgeted ({len(plan.dropped)} more dropped because the "
+        f"{gpu.display_name} or the libraries cannot run them, e.g. bf16), {len(plan.fitting)} fit on "
+        f"{plan.nodes * plan.gpus} × {gpu.display_name} with {format_size(plan.host_ram_bytes)} of host RAM.",
+    ]
+    full = [r for r in plan.fitting if r.method is Method.FULL]
+    sound_full = [r for r in full if r.recommendable]
+    if not sound_full:
+        closest = min((r for r in plan.remedies if r.method is Method.FULL and not any(
+            c.harmful for c in r.caveats)), key=lambda r: r.per_gpu_peak_bytes or 0, default=None)
+        if closest is not None:
+            lines.append(f"**Full fine-tuning does not fit** with fp32 master weights and AdamW: the closest, "
+                         f"{closest.name}, {closest.reason}." + (
+                             f" {len(full)} full fine-tuning variants fit only by dropping master weights or AdamW."
+                             if full else ""))
+    if rec is not None:
+        lines.append(
+            f"**Recommended: {rec.name}.** {rec.reason}; host RAM {format_size(rec.host_ram_bytes or 0)}; up to "
+            f"micro-batch {rec.max_batch} at {plan.seq} tokens, or {rec.max_seq} tokens at micro-batch 1; about "
+            f"{rec.tokens_per_s:,.0f} tokens/s under the stated assumptions. It "
+            + "; it ".join(c.text for c in rec.caveats) + ".")
+    knobs_fit = [k for k in plan.knobs if k.fits and len(k.changes) == 1]
+    if knobs_fit:
+        lines.append("Single changes to the user's configuration that make it fit: " + "; ".join(
+            f"{knob_change_text(k)} ({format_signed_size(k.per_gpu_peak_bytes)} per GPU)" for k in knobs_fit) + ".")
+    else:
+        pairs = [k for k in plan.knobs if k.fits]
+        lines.append("No single change to the user's configuration makes it fit; "
+                     + (f"{len(pairs)} pairs do, e.g. " + "; ".join(
+                         f"{knob_change_text(k)} ({format_signed_size(k.per_gpu_peak_bytes)})" for k in pairs[:4])
+                        + "." if pairs else "no pair does either."))
+    dm = plan.device_map
+    if dm is not None:
+        lines.append(f"accelerate's `device_map=\"auto\"` splits the layers over {len(dm.gpus)} GPUs (most loaded: "
+                     f"{format_size(dm.per_gpu_peak_bytes)}), but runs them one at a time: {len(dm.gpus)} GPUs "
+                     f"train at one GPU's speed.")
+    return "\n\n".join(lines)

@@ -1,0 +1,175 @@
+"""accelerate's ``device_map="auto"`` route: whole decoder layers on successive GPUs of one process, placed by
+accelerate's own ``get_balanced_memory`` + ``infer_auto_device_map`` on the meta model, and the training step's
+peak on each GPU shared out from the single-GPU budget."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.result import BudgetResult, MemCategory
+from oomlab.core.choices import Strategy
+from oomlab.core.dtypes import load_dtype
+from oomlab.core.modeling import build_meta_model
+from oomlab.core.models import ModelSpec
+from oomlab.core.quiet import quiet_libraries
+from oomlab.core.setup import TrainingSetup
+
+NO_SPLIT = ("LlamaDecoderLayer", "MistralDecoderLayer")  # accelerate keeps a decoder layer on one device
+
+
+@dataclass(frozen=True)
+class GPUPlacement:
+    """What accelerate's device_map puts on one device."""
+
+    device: int | str
+    modules: tuple[str, ...]
+    layers: tuple[int, ...]  # decoder layer indices
+    weight_bytes: int  # the placed modules' parameters in the meta model's dtype
+    peak_bytes: int  # the training step's peak on this GPU (budget components shared out, + outside PyTorch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "modules": list(self.modules), "layers": list(self.layers),
+                "weight_bytes": self.weight_bytes, "peak_bytes": self.peak_bytes}
+
+@dataclass(frozen=True)
+class DeviceMapPlacement:
+    """accelerate's ``infer_auto_device_map`` after ``get_balanced_memory``, as ``device_map="auto"`` does."""
+
+    setup: TrainingSetup = field(repr=False, compare=False)
+    max_memory: Mapping[int | str, int]  # what accelerate was given (scaled to weight bytes, see place_device_map)
+    gpus: tuple[GPUPlacement, ...]
+    spilled: tuple[str, ...]  # modules accelerate put on "cpu" or "disk"
+
+    @property
+    def per_gpu_peak_bytes(self) -> int:
+        return max(g.peak_bytes for g in self.gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_memory": {str(k): v for k, v in self.max_memory.items()},
+                "gpus": [g.to_dict() for g in self.gpus], "spilled": list(self.spilled)}
+
+@lru_cache(maxsize=16)
+def _meta_module_sizes(spec: ModelSpec) -> tuple[Any, dict[str, int]]:
+    """The fp16 meta model (transformers, no weights) and accelerate's module sizes for it."""
+    from accelerate.utils import compute_module_sizes
+
+    model = build_meta_model(spec, load_dtype("float16"))
+    return model, dict(compute_module_sizes(model, dtype="float16"))
+
+_SIZE_MEMO: dict[tuple, Any] = {}
+
+@contextlib.contextmanager
+def _memoised_sizes() -> Iterator[None]:
+    """accelerate's ``compute_module_sizes`` and ``find_tied_parameters``, memoised per meta model.
+
+    ``infer_auto_device_map`` recomputes the sizes of the same (cached, never modified) meta model thousands of
+    times; the results are the same each time, so they are computed once.
+    """
+    from unittest import mock
+
+    from accelerate.utils import modeling as acc
+
+    sizes, tied = acc.compute_module_sizes, acc.find_tied_parameters
+
+    def memo_sizes(model: Any, *args: Any, **kwargs: Any) -> Any:
+        key = ("sizes", id(model), args, tuple(sorted((k, str(v)) for k, v in kwargs.items())))
+        held = _SIZE_MEMO.get(key)
+        if held is None or held[0] is not model:  # the model is kept: an id is never reused for another
+            held = _SIZE_MEMO[key] = (model, sizes(model, *args, **kwargs))
+        return copy.copy(held[1])  # accelerate updates the dict it gets (tied weights): hand out copies
+
+    def memo_tied(model: Any, *args: Any, **kwargs: Any) -> Any:
+        key = ("tied", id(model), args, tuple(sorted(kwargs.items())))
+        held = _SIZE_MEMO.get(key)
+        if held is None or held[0] is not model:
+            held = _SIZE_MEMO[key] = (model, tied(model, *args, **kwargs))
+        return copy.deepcopy(held[1])
+
+    with mock.patch.object(acc, "compute_module_sizes", memo_sizes), \
+            mock.patch.object(acc, "find_tied_parameters", memo_tied):
+        yield
+
+def layer_index(name: str) -> int | None:
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part == "layers" and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None
+
+
+def share_out(components: Mapping[MemCategory, int], weight_bytes: int, layers: int, holds_lm_head: bool,
+              setup: TrainingSetup, total_weight_bytes: int) -> int:
+    """One GPU's share of a single-GPU budget's ``components``: weights, gradients, optimizer state and workspace
+    by its share of the weight bytes, activations by its share of the decoder layers, logits and loss on the LM
+    head's GPU only, and the whole outside-PyTorch memory on each."""
+    peak = 0
+    for category, value in components.items():
+        if category is MemCategory.OUTSIDE_PYTORCH:
+            peak += value
+        elif category is MemCategory.LOGITS_LOSS:
+            peak += value if holds_lm_head else 0
+        elif category is MemCategory.ACTIVATIONS:
+            peak += round(value * layers / setup.model.num_hidden_layers)
+        else:
+            peak += round(value * weight_bytes / total_weight_bytes)
+    return peak
+
+
+def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -> DeviceMapPlacement:
+    """Place ``setup``'s model over its GPUs with accelerate's own ``get_balanced_memory`` + ``infer_auto_device_map``.
+
+    accelerate sizes modules by their weights; a training step needs more per weight byte (gradients, optimizer
+    state, activations).  Each GPU's memory is therefore given to accelerate in weight bytes: (capacity − outside
+    PyTorch − logits and loss) / (the single-GPU budget's bytes per weight byte).  The step's peak per GPU is then
+    the single-GPU budget's components shared out: weights, gradients, optimizer state and workspace by the share
+    of parameters placed there, activations by the share of decoder layers, logits and loss on the LM head's GPU,
+    and the outside-PyTorch memory on each.  NB: the peaks of different GPUs are taken at the single budget's
+    peak phase.
+    """
+    from accelerate.utils import get_balanced_memory, infer_auto_device_map
+
+    single = setup.with_(strategy=Strategy.SINGLE, gpus=1, nodes=1)
+    result = estimate_setup(single) if result is None else result
+    model, sizes = _meta_module_sizes(setup.model)
+    comps = result.components
+    outside = comps.get(MemCategory.OUTSIDE_PYTORCH, 0)
+    logits = comps.get(MemCategory.LOGITS_LOSS, 0)
+    per_weight = (result.per_gpu_peak_bytes - outside - logits) / max(1, sizes[""])
+    usable = setup.gpu.total_memory_bytes - outside - logits
+    scaled = {i: max(0, int(usable / per_weight)) for i in range(setup.gpus)}
+    # quiet: accelerate says "Device 0 is not available": there is no GPU here, by design
+    with quiet_libraries():
+        with _memoised_sizes():
+            balanced = get_balanced_memory(model, max_memory=dict(scaled), no_split_module_classes=list(NO_SPLIT),
+                                           dtype="float16")
+            balanced = {k: min(int(v), scaled[k]) for k, v in balanced.items() if k in scaled}
+            device_map = infer_auto_device_map(model, max_memory={**balanced, "cpu": 1 << 62},
+                                               no_split_module_classes=list(NO_SPLIT), dtype="float16")
+    weights_total = sizes[""]
+    lm_device = device_map.get("lm_head", next(reversed(device_map.values())))
+    per_device: dict[Any, list[str]] = {}
+    for name, device in device_map.items():
+        per_device.setdefault(device, []).append(name)
+    gpus = []
+    for device in range(setup.gpus):
+        names = tuple(per_device.get(device, ()))
+        wbytes = sum(sizes.get(n, 0) for n in names)
+        layers = tuple(sorted(i for i in map(layer_index, names) if i is not None))
+        peak = share_out(comps, wbytes, len(layers), device == lm_device, setup, weights_total)
+        gpus.append(GPUPlacement(device, names, layers, wbytes, peak if names else outside))
+    spilled = tuple(n for d, ns in per_device.items() if not isinstance(d, int) for n in ns)
+    return DeviceMapPlacement(setup, {**scaled}, tuple(gpus), spilled)
+
+
+def replace_peak(placement: DeviceMapPlacement, result: BudgetResult) -> int:
+    """The peak of the most loaded GPU for a new single-GPU budget, with the placement kept."""
+    _, sizes = _meta_module_sizes(placement.setup.model)
+    last = max((g for g in placement.gpus if g.modules), key=lambda g: "lm_head" in g.modules)
+    return max(share_out(result.components, g.weight_bytes, len(g.layers), g is last, placement.setup, sizes[""])
+               for g in placement.gpus if g.modules)

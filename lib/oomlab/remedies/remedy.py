@@ -1,0 +1,243 @@
+"""One remedy: a configuration budgeted -- does it fit the GPUs and the host, what breaks it, how far it stretches
+(largest micro-batch and sequence), how fast it would train, what it changes besides memory, what launches it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.result import BudgetResult, MemCategory
+from oomlab.budget.states import weight_bytes_total
+from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
+from oomlab.core.search import largest_true
+from oomlab.core.setup import TrainingSetup
+from oomlab.core.units import format_size
+from oomlab.remedies.launch_files import files_for
+from oomlab.remedies.placement import DeviceMapPlacement, place_device_map, replace_peak
+from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, StepTime, step_time
+
+MAX_BATCH_SEARCH = 4096  # the micro-batch search stops here
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """What a remedy changes besides memory."""
+
+    text: str
+    harmful: bool = False  # True: it makes the remedy a poor recommendation (pure half AdamW, plain SGD)
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One configuration, budgeted: does it fit, what breaks it, how fast it would train."""
+
+    name: str
+    route: Route
+    strategy: Strategy  # what each process holds (SINGLE on the device-map route)
+    method: Method
+    precision: Precision
+    optimizer: Optimizer
+    checkpointing: bool
+    offload: str | None  # what lives on the host; None when nothing is offloaded
+    fits: bool  # on the GPUs and in host RAM
+    reason: str  # why it fits or not, or why it was dropped
+    per_gpu_peak_bytes: int | None  # None when dropped
+    headroom_bytes: int | None
+    host_ram_bytes: int | None
+    max_batch: int | None  # largest micro-batch that fits at the target length (None: not even 1)
+    max_seq: int | None  # longest sequence at micro-batch 1 that fits, up to the model's context (None: none)
+    tokens_per_s: float | None  # None when it does not fit
+    config_files: tuple[str, ...] = ()  # files under outputs/configs/ that launch it
+    breaking_component: MemCategory | None = None  # the largest component at the peak
+    caveats: tuple[Caveat, ...] = ()  # what it changes besides memory
+    dropped: bool = False  # the hardware or the libraries cannot run it
+    step: StepTime | None = field(default=None, compare=False)
+    setup: TrainingSetup | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def recommendable(self) -> bool:
+        """Fits and changes nothing that harms training (pure half AdamW, plain SGD)."""
+        return self.fits and not any(c.harmful for c in self.caveats)
+
+    def to_dict(self) -> dict[str, Any]:
+        step = None if self.step is None else {
+            "compute_s": self.step.compute_s, "collectives_s": self.step.collectives_s,
+            "host_link_s": self.step.host_link_s, "host_optimizer_s": self.step.host_optimizer_s,
+            "seconds": self.step.seconds, "tokens": self.step.tokens}
+        return {"name": self.name, "route": self.route.value, "strategy": self.strategy.value,
+                "method": self.method.value, "precision": self.precision.value, "optimizer": self.optimizer.value,
+                "checkpointing": self.checkpointing, "offload": self.offload,
+                "fits": self.fits, "reason": self.reason, "per_gpu_peak_bytes": self.per_gpu_peak_bytes,
+                "headroom_bytes": self.headroom_bytes, "host_ram_bytes": self.host_ram_bytes,
+                "max_batch": self.max_batch, "max_seq": self.max_seq, "tokens_per_s": self.tokens_per_s,
+                "config_files": list(self.config_files),
+                "breaking_component": None if self.breaking_component is None else self.breaking_component.value,
+                "caveats": [{"text": c.text, "harmful": c.harmful} for c in self.caveats], "dropped": self.dropped,
+                "recommendable": self.recommendable, "step_time": step}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Remedy:
+        """The inverse of :meth:`to_dict`, without the setup and the step time (for display from results JSON)."""
+        breaking = raw.get("breaking_component")
+        return cls(
+            name=raw["name"], route=Route(raw["route"]), strategy=Strategy(raw["strategy"]),
+            method=Method(raw["method"]), precision=Precision(raw["precision"]),
+            optimizer=Optimizer(raw["optimizer"]), checkpointing=bool(raw["checkpointing"]), offload=raw["offload"],
+            fits=bool(raw["fits"]), reason=raw["reason"], per_gpu_peak_bytes=raw["per_gpu_peak_bytes"],
+            headroom_bytes=raw["headroom_bytes"], host_ram_bytes=raw["host_ram_bytes"], max_batch=raw["max_batch"],
+            max_seq=raw["max_seq"], tokens_per_s=raw["tokens_per_s"], config_files=tuple(raw["config_files"]),
+            breaking_component=None if breaking is None else MemCategory(breaking),
+            caveats=tuple(Caveat(c["text"], bool(c["harmful"])) for c in raw["caveats"]), dropped=bool(raw["dropped"]),
+        )
+
+
+_STRATEGY_NAMES = {Strategy.SINGLE: "one GPU", Strategy.DDP: "DDP", Strategy.ZERO1: "ZeRO-1",
+                   Strategy.ZERO2: "ZeRO-2", Strategy.FSDP: "FSDP full shard",
+                   Strategy.FSDP_OFFLOAD: "FSDP full shard + CPU offload"}
+
+
+def remedy_name(route: Route, strategy: Strategy, method: Method, precision: Precision, optimizer: Optimizer,
+                checkpointing: bool, lora_rank: int) -> str:
+    """A readable name: ``FSDP full shard · LoRA r8 · fp16-mixed · adamw · checkpointing``."""
+    s = "device_map='auto'" if route is Route.DEVICE_MAP else _STRATEGY_NAMES[strategy]
+    m = {Method.FULL: "full fine-tuning", Method.LORA: f"LoRA r{lora_rank}", Method.QLORA: f"QLoRA r{lora_rank}"}
+    parts = [s, m[method], precision.value, optimizer.value] + (["checkpointing"] if checkpointing else [])
+    return " · ".join(parts)
+
+
+def caveats(setup: TrainingSetup) -> tuple[Caveat, ...]:
+    """What a remedy changes besides memory; the harmful ones make it a poor recommendation."""
+    out = []
+    if setup.method is Method.LORA:
+        out.append(Caveat("trains low-rank adapters, not every weight (Hu et al. 2021)"))
+    if setup.method is Method.QLORA:
+        out.append(Caveat("trains adapters over a 4-bit NF4 base (Dettmers et al. 2023)"))
+    if setup.precision in (Precision.FP16, Precision.BF16):
+        out.append(Caveat("pure half precision, no fp32 master weights: small updates vanish "
+                          "(Micikevicius et al. 2018)", harmful=True))
+    if setup.optimizer is Optimizer.SGD:
+        out.append(Caveat("SGD with momentum instead of AdamW: different, usually worse, LLM fine-tuning",
+                          harmful=True))
+    if setup.optimizer is Optimizer.ADAMW_8BIT:
+        out.append(Caveat("8-bit optimizer states (Dettmers et al. 2022)"))
+    if setup.checkpointing:
+        out.append(Caveat("recomputes each layer's forward in backward"))
+    return tuple(out)
+
+
+def offload_of(route: Route, strategy: Strategy) -> str | None:
+    """What the remedy keeps on the host, or None."""
+    if route is Route.PROCESS_PER_GPU and strategy is Strategy.FSDP_OFFLOAD:
+        return "cpu: parameters, gradients, optimizer state"
+    return None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One setup on one route, budgeted against the GPUs and the host RAM."""
+
+    per_gpu_peak_bytes: int
+    headroom_bytes: int
+    host_ram_bytes: int
+    breaking: MemCategory
+    gpu_fits: bool
+    host_fits: bool
+    result: BudgetResult
+    placement: DeviceMapPlacement | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.gpu_fits and self.host_fits
+
+
+class Evaluator:
+    """Budgets setups (analytic), device_map placements fixed per remedy, with the host RAM limit."""
+
+    def __init__(self, host_ram_bytes: int, outside_bytes: int | None) -> None:
+        self.host_ram_bytes = host_ram_bytes
+        self.outside_bytes = outside_bytes
+
+    def __call__(self, setup: TrainingSetup, placement: DeviceMapPlacement | None = None,
+                 route: Route = Route.PROCESS_PER_GPU) -> Evaluation:
+        if route is Route.DEVICE_MAP:
+            single = replace(setup, strategy=Strategy.SINGLE)
+            result = estimate_setup(single, self.outside_bytes)
+            if placement is None:
+                placement = place_device_map(setup, result)
+                peak = placement.per_gpu_peak_bytes
+            else:
+                peak = replace_peak(placement, result)
+            host = weight_bytes_total(setup)  # NB: one process loads the model once
+            cap = setup.gpu.total_memory_bytes
+            gpu_fits = peak <= cap and not placement.spilled
+            return Evaluation(peak, cap - peak, host, result.breaking_component, gpu_fits,
+                              host <= self.host_ram_bytes, result, placement)
+        result = estimate_setup(setup, self.outside_bytes)
+        return Evaluation(result.per_gpu_peak_bytes, result.headroom_bytes, result.host_ram_bytes,
+                          result.breaking_component, result.fits, result.host_ram_bytes <= self.host_ram_bytes,
+                          result)
+
+
+def reason(ev: Evaluation, setup: TrainingSetup, host_ram_bytes: int) -> str:
+    """Why the evaluation fits or not, in one line."""
+    cap = setup.gpu.total_memory_bytes
+    parts = []
+    if ev.gpu_fits:
+        parts.append(f"fits: {format_size(ev.per_gpu_peak_bytes)} per GPU of {format_size(cap)}, "
+                     f"headroom {format_size(ev.headroom_bytes)}")
+    elif ev.placement is not None and ev.placement.spilled:
+        parts.append(f"device_map spills {len(ev.placement.spilled)} modules to the CPU "
+                     f"(accelerate's offload hooks cannot train them)")
+    else:
+        comp = ev.result.components
+        largest = max(comp, key=lambda k: comp[k])
+        parts.append(f"GPU: needs {format_size(ev.per_gpu_peak_bytes)} of {format_size(cap)} "
+                     f"(short by {format_size(-ev.headroom_bytes)}); largest: {largest.value} "
+                     f"{format_size(comp[largest])} in the {ev.result.peak_phase.value} phase")
+    if not ev.host_fits:
+        parts.append(f"host RAM: needs {format_size(ev.host_ram_bytes)} of {format_size(host_ram_bytes)}")
+    return "; ".join(parts)
+
+
+def evaluate_remedy(setup: TrainingSetup, host_ram_bytes: int, *, route: Route = Route.PROCESS_PER_GPU,
+                    assumptions: Assumptions = DEFAULT_ASSUMPTIONS, outside_bytes: int | None = None,
+                    evaluator: Evaluator | None = None) -> Remedy:
+    """Budget ``setup`` on ``route``, search its limits and estimate its throughput."""
+    ev_fn = evaluator or Evaluator(host_ram_bytes, outside_bytes)
+    ev = ev_fn(setup, route=route)
+    placement = ev.placement
+
+    def fits_batch(b: int) -> bool:
+        return ev_fn(replace(setup, batch=b), placement, route).fits
+
+    def fits_seq(s: int) -> bool:
+        return ev_fn(replace(setup, batch=1, seq=s), placement, route).fits
+
+    max_batch = largest_true(fits_batch, 1, MAX_BATCH_SEARCH)
+    max_seq = largest_true(fits_seq, 1, setup.model.max_position_embeddings)
+    tps, step = None, None
+    if ev.fits:
+        b = min(max_batch or setup.batch, assumptions.throughput_batch_cap)
+        step = step_time(replace(setup, batch=b), assumptions, route)
+        tps = step.tokens_per_s
+    return Remedy(
+        name=remedy_name(route, setup.strategy, setup.method, setup.precision, setup.optimizer, setup.checkpointing,
+                         setup.lora_rank),
+        route=route, strategy=setup.strategy, method=setup.method, precision=setup.precision,
+        optimizer=setup.optimizer, checkpointing=setup.checkpointing, offload=offload_of(route, setup.strategy),
+        fits=ev.fits, reason=reason(ev, setup, host_ram_bytes), per_gpu_peak_bytes=ev.per_gpu_peak_bytes,
+        headroom_bytes=ev.headroom_bytes, host_ram_bytes=ev.host_ram_bytes, max_batch=max_batch, max_seq=max_seq,
+        tokens_per_s=tps, config_files=files_for(route, setup.strategy) if ev.fits else (),
+        breaking_component=ev.breaking, caveats=caveats(setup), step=step, setup=setup,
+    )
+
+
+def dropped_remedy(route: Route, strategy: Strategy, method: Method, precision: Precision, optimizer: Optimizer,
+                   checkpointing: bool, lora_rank: int, why: str) -> Remedy:
+    """A configuration the hardware or the libraries cannot run, with the reason."""
+    return Remedy(name=remedy_name(route, strategy, method, precision, optimizer, checkpointing, lora_rank),
+                  route=route, strategy=strategy, method=method, precision=precision, optimizer=optimizer,
+                  checkpointing=checkpointing, offload=offload_of(route, strategy), fits=False, reason=why,
+                  per_gpu_peak_bytes=None, headroom_bytes=None, host_ram_bytes=None, max_batch=None, max_seq=None,
+                  tokens_per_s=None, dropped=True)

@@ -1,0 +1,178 @@
+"""How fast a remedy would train: FLOPs per token, step time by cause, tokens per second, assumptions stated.
+
+Throughput (every assumption is in :class:`Assumptions` and printed by :func:`describe_assumptions`):
+
+* FLOPs per token (:func:`flops_per_token`): forward ``2 N`` for the ``N`` parameters that multiply activations
+  (Kaplan et al. 2020, sec. 2.1, ``C_forward ≈ 2N + 2 n_layer n_ctx d_attn``), backward twice the forward for
+  full fine-tuning (gradients with respect to activations and to weights), and only the activation gradients
+  (``2 N``) plus the adapters' own for LoRA's frozen base; activation checkpointing recomputes the decoder
+  layers' forward once more (Narayanan et al. 2021, sec. 5.1: ``72 → 96 B s l h^2`` per iteration, i.e. 3 → 4
+  forward passes).  Attention scores and values are counted as ``4 s d_attn`` per token per layer forward
+  (QK^T and AV, the full square as ``FlopCounterMode`` counts SDPA; a causal kernel skips about half).
+* Step time: FLOPs / (the GPU's dense fp16 (or fp32) peak × MFU) + host-link time for offloaded bytes + the
+  collectives' bytes over the GPU-to-GPU link + the host optimizer step.  NB: no overlap of communication and
+  compute is assumed, so step times are upper bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oomlab.budget import activations as act
+from oomlab.budget.states import grad_bytes_per_param, lora_parameters, trainable_parameters, weight_bytes_total
+from oomlab.core.choices import Method, Precision, Route, Strategy
+from oomlab.core.gpus import GPUSpec
+from oomlab.core.setup import TrainingSetup
+from oomlab.core.units import ceil_div
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the throughput estimate assumes (printed with every plan)."""
+
+    mfu: float = 0.35  # model FLOPs utilisation of the fp16 tensor-core peak (NB: T4-class, stated not measured)
+    host_optimizer_params_per_s: float = 1e9  # CPU AdamW updates per second per node (NB: order of magnitude)
+    throughput_batch_cap: int = 8  # throughput is estimated at min(largest micro-batch that fits, this)
+    overlap: bool = False  # communication overlapped with compute (False: step times are upper bounds)
+
+DEFAULT_ASSUMPTIONS = Assumptions()
+
+
+def describe_assumptions(gpu: GPUSpec, assumptions: Assumptions) -> list[str]:
+    """Every assumption behind the figures, as sentences."""
+    return [
+        f"GPU: {gpu.display_name}, dense fp16 tensor-core peak {gpu.peak_fp16_flops / 1e12:g} TFLOP/s, "
+        f"fp32 peak {gpu.peak_fp32_flops / 1e12:g} TFLOP/s (source: {gpu.sources.get('peak_fp16_flops', 'spec')})",
+        f"MFU {assumptions.mfu:.0%} of that peak (assumption for T4-class GPUs; not measured here)",
+        "FLOPs per token: forward 2N + 4·s·d_attn per layer, backward 4N (full) or 2N + 4N_adapters (LoRA/QLoRA; "
+        "frozen weights need no weight gradients), + the layers' forward again with checkpointing "
+        "(Kaplan et al. 2020 sec. 2.1; Narayanan et al. 2021 sec. 5.1); N = parameters that multiply activations "
+        "(the decoder layers' projections and the LM head; the embedding is a lookup)",
+        f"GPU-to-GPU collectives and host offload over {gpu.host_link} at its theoretical "
+        f"{gpu.host_link_bytes_per_s / 1e9:.3f} GB/s per direction (no NVLink; NB: NCCL reaches less)",
+        "ring collectives: all-reduce moves 2(n-1)/n of the buffer per GPU, all-gather and reduce-scatter (n-1)/n; "
+        "FSDP gathers the weights in forward and again in backward and reduce-scatters the gradients",
+        f"offloaded optimizer step on the host at {assumptions.host_optimizer_params_per_s:.0e} parameters/s per "
+        "node (NB: order of magnitude of a vectorised CPU Adam)",
+        "communication is " + ("overlapped with compute" if assumptions.overlap
+                               else "not overlapped with compute: step times are upper bounds"),
+        f"tokens/s at the largest micro-batch that fits at the target length, capped at "
+        f"{assumptions.throughput_batch_cap}",
+        "device_map='auto' runs one GPU at a time (a naive pipeline): n GPUs give one GPU's throughput",
+        "QLoRA counted at the same MFU (NB: bitsandbytes dequantizes each 4-bit weight before its matmul, so it "
+        "runs slower in practice)",
+    ]
+
+
+# -------------------------------------------------------------------------------------------------- FLOPs
+
+
+@dataclass(frozen=True)
+class Flops:
+    """FLOPs per token of one training step, by pass."""
+
+    forward: int
+    backward: int
+    recompute: int
+
+    @property
+    def total(self) -> int:
+        return self.forward + self.backward + self.recompute
+
+def matmul_parameters(setup: TrainingSetup) -> int:
+    """N: parameters that multiply activations -- every layer's projections and the LM head (Kaplan's N, + head)."""
+    spec = setup.model
+    return spec.num_hidden_layers * spec.layer_matmul_params + spec.embedding_params
+
+def attention_flops_per_token(setup: TrainingSetup) -> int:
+    """Forward QK^T and AV: ``2 · 2 · s · d_attn`` per token per layer (the full square, as FlopCounterMode)."""
+    spec = setup.model
+    return spec.num_hidden_layers * 4 * setup.seq * spec.num_attention_heads * spec.head_dim
+
+def flops_per_token(setup: TrainingSetup) -> Flops:
+    """FLOPs per token: forward 2N (+attention), backward 4N full / 2N + 4N_lora LoRA, + recompute.
+
+    NB: LoRA's first layer computes no input gradient for its frozen q/k/v projections (the embedding output
+    needs none), and the LM head computes no weight gradient; both are counted exactly.
+    """
+    spec = setup.model
+    n = matmul_parameters(setup)
+    attn = attention_flops_per_token(setup)
+    lora = lora_parameters(setup) if setup.method is not Method.FULL else 0
+    forward = 2 * n + 2 * lora + attn
+    if setup.method is Method.FULL:
+        backward = 4 * n + 2 * attn
+    else:
+        first_qkv = spec.hidden_size * (spec.q_dim + 2 * spec.kv_dim)  # layer 0's q, k, v: no dX
+        backward = 2 * (n - first_qkv) + 4 * lora + 2 * attn
+    recompute = 0
+    if setup.checkpointing:
+        recompute = 2 * (n - spec.vocab_size * spec.hidden_size) + 2 * lora + attn
+    return Flops(forward, backward, recompute)
+
+
+# ------------------------------------------------------------------------------------------- throughput
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one optimizer step on one GPU, by cause."""
+
+    compute_s: float
+    collectives_s: float  # all-reduce / all-gather / reduce-scatter between GPUs
+    host_link_s: float  # offloaded weights and gradients over the host link
+    host_optimizer_s: float  # the optimizer step on the host (offload)
+    tokens: int  # tokens of the whole step (all GPUs that work in parallel)
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + self.collectives_s + self.host_link_s + self.host_optimizer_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+def collective_bytes(setup: TrainingSetup) -> int:
+    """Bytes each GPU sends per step in the strategy's collectives (ring algorithms)."""
+    n = setup.world_size
+    if n == 1 or setup.strategy is Strategy.SINGLE:
+        return 0
+    frac = (n - 1) / n
+    grads = grad_bytes_per_param(setup) * trainable_parameters(setup)
+    if setup.strategy in (Strategy.DDP, Strategy.ZERO1):
+        return round(2 * frac * grads)  # all-reduce (ZeRO-1: reduce-scatter + all-gather, the same volume)
+    if setup.strategy is Strategy.ZERO2:
+        weights = 2 * trainable_parameters(setup)  # updated half weights all-gathered
+        return round(frac * (grads + weights))
+    return round(frac * (2 * weight_bytes_total(setup) + grads))  # FSDP: gather fwd + bwd, reduce-scatter
+
+def host_link_bytes(setup: TrainingSetup) -> int:
+    """Bytes each GPU moves over the host link per step: FSDP offload copies its shards in and its grads out."""
+    if setup.strategy is not Strategy.FSDP_OFFLOAD:
+        return 0
+    n = setup.world_size
+    shard = ceil_div(weight_bytes_total(setup), n)
+    grads = ceil_div(grad_bytes_per_param(setup) * trainable_parameters(setup), n)
+    return 2 * shard + grads  # NB: FSDP2 CPUOffloadPolicy copies the shard to the GPU in forward and backward
+
+def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Route.PROCESS_PER_GPU) -> StepTime:
+    """The step time of ``setup`` (per GPU; one GPU at a time on the device-map route)."""
+    gpu = setup.gpu
+    peak = gpu.peak_fp32_flops if setup.precision is Precision.FP32 else (
+        gpu.peak_bf16_flops if setup.precision.uses_bf16 and gpu.peak_bf16_flops else gpu.peak_fp16_flops)
+    tokens = setup.batch * setup.seq
+    compute = tokens * flops_per_token(setup).total / (peak * assumptions.mfu)
+    link = gpu.host_link_bytes_per_s
+    if route is Route.DEVICE_MAP:
+        # activations (and their gradients) cross each GPU boundary once each way
+        crossing = 2 * (setup.gpus - 1) * tokens * setup.model.hidden_size * act.stream_bytes(setup)
+        return StepTime(compute, crossing / link, 0.0, 0.0, tokens)
+    collectives = collective_bytes(setup) / link
+    host = host_link_bytes(setup) / link
+    host_opt = 0.0
+    if setup.strategy is Strategy.FSDP_OFFLOAD:
+        host_opt = trainable_parameters(setup) / setup.nodes / assumptions.host_optimizer_params_per_s
+    parallel = 1 if setup.strategy is Strategy.SINGLE else setup.world_size
+    if assumptions.overlap:
+        compute, collectives, host = max(compute, collectives, host), 0.0, 0.0
+    return StepTime(compute, collectives, host, host_opt, parallel * tokens)

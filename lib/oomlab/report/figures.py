@@ -1,0 +1,207 @@
+"""Every figure of the notebooks and the report, with one palette.  Each takes computed results (or rows rebuilt from
+the results JSON) and returns a matplotlib ``Figure`` built without pyplot, so nothing is shown twice; a notebook
+displays one by ending a cell with it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from oomlab.budget.result import BudgetResult, MemCategory
+from oomlab.core.units import GiB, format_size
+
+# One fixed colour per component, so a component keeps its colour in every figure and every explorer update.
+PALETTE: Mapping[MemCategory, str] = {
+    MemCategory.WEIGHTS: "#4c72b0", MemCategory.GRADIENTS: "#dd8452", MemCategory.MASTER_WEIGHTS: "#8172b3",
+    MemCategory.OPTIMIZER_STATE: "#c44e52", MemCategory.ACTIVATIONS: "#55a868", MemCategory.LOGITS_LOSS: "#937860",
+    MemCategory.WORKSPACE: "#da8bc3", MemCategory.OUTSIDE_PYTORCH: "#8c8c8c", MemCategory.ALLOCATOR_OVERHEAD: "#ccb974",
+}
+# The traced timeline's own (finer) categories: mem_tracker's, as oomlab names them.
+TRACE_COLORS = {"parameter": "#4c72b0", "gradient": "#dd8452", "optstate": "#c44e52", "activation": "#55a868",
+                "temp": "#da8bc3", "buffer": "#64b5cd", "other": "#8c8c8c", "unsharded_param": "#8172b3",
+                "unsharded_grad": "#ccb974", "all_gather": "#937860", "reduce_scatter": "#a1c9f4"}
+
+
+@dataclass(frozen=True)
+class BarRow:
+    """One stacked bar: per-GPU bytes by component at the peak, against one GPU's capacity."""
+
+    label: str
+    components: Mapping[MemCategory, int]
+    capacity_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.components.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    @classmethod
+    def of(cls, label: str, result: BudgetResult) -> BarRow:
+        return cls(label, result.components, result.capacity_bytes)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> BarRow:
+        """From a budget's ``to_dict()`` with a ``label`` (the budget notebook's results JSON)."""
+        return cls(raw["label"], {MemCategory(k): int(v) for k, v in raw["components"].items()},
+                   int(raw["capacity_bytes"]))
+
+
+def plot_budget_bars(rows: Sequence[BarRow], title: str = "") -> Any:
+    """Stacked bars of per-GPU memory by component for each row, with each GPU's capacity as a black tick."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 0.55 * len(rows) + 1.8), dpi=110)
+    ax = fig.subplots()
+    drawn: set[MemCategory] = set()
+    for index, row in enumerate(rows):
+        left = 0.0
+        for category in MemCategory:
+            value = row.components.get(category, 0) / GiB
+            if value <= 0:
+                continue
+            ax.barh(index, value, left=left, color=PALETTE[category],
+                    label=None if category in drawn else category.value)
+            drawn.add(category)
+            left += value
+        ax.plot([row.capacity_bytes / GiB] * 2, [index - 0.42, index + 0.42], color="black", linewidth=2)
+        ax.text(left, index, f"  {format_size(row.total_bytes)}" + ("" if row.fits else "  (does not fit)"),
+                va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), [row.label for row in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("symlog", linthresh=16)
+    ax.set_xlabel("GiB per GPU (log scale above 16 GiB); black tick: the GPU's capacity")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_trace_timeline(trace: Any, title: str = "") -> Any:
+    """Memory over one traced step, categories stacked, phases shaded, the peak marked."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.2), dpi=110)
+    ax = fig.subplots()
+    events = trace.timeline
+    categories = [c for c in TRACE_COLORS if any(snap.get(c, 0) for _, _, snap in events)]
+    xs = list(range(len(events)))
+    stacks = [[snap.get(c, 0) / GiB for _, _, snap in events] for c in categories]
+    ax.stackplot(xs, stacks, labels=categories, colors=[TRACE_COLORS[c] for c in categories], alpha=0.9)
+    totals = [sum(snap.values()) / GiB for _, _, snap in events]
+    peak = max(range(len(events)), key=lambda i: totals[i])
+    ax.plot([peak], [totals[peak]], marker="v", color="black", markersize=9)
+    ax.annotate(f"peak {format_size(trace.peak_bytes)}\nin {trace.peak_phase.value}", (peak, totals[peak]),
+                xytext=(-10, 10), textcoords="offset points", ha="right", fontsize=8)
+    start = 0
+    for i in range(1, len(events) + 1):
+        if i == len(events) or events[i][1] is not events[start][1]:
+            ax.axvspan(start - 0.5, i - 0.5, color="grey", alpha=0.06 if events[start][1].value != "backward" else 0.14)
+            ax.text((start + i) / 2, max(totals) * 1.02, events[start][1].value, ha="center", fontsize=8)
+            start = i
+    ax.set_xlim(-0.5, len(events) - 0.5)
+    ax.set_ylim(0, max(totals) * 1.12)
+    ax.set_xlabel("events of one training step (module hooks, in order)")
+    ax.set_ylabel("GiB allocated")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def plot_apply_walks(
+    walks: Sequence[tuple[str, Sequence[Any]]],
+    capacity_bytes: int,
+    outside_bytes: int,
+    title: str = "Module._apply: memory on GPU 0 while model.to('cuda') copies each tensor",
+    other_limits: Sequence[tuple[str, int]] = (),
+) -> Any:
+    """Cumulative allocated and reserved bytes along each ``_apply`` walk, with the GPU's limits.
+
+    ``walks`` is ``[(label, steps)]`` where ``steps`` are :class:`~oomlab.reproduction.walk.WalkStep` of an
+    unlimited walk; the point where reserved memory would pass the usable memory is marked.
+    ``other_limits`` adds ``(label, bytes)`` lines, e.g. the usable memory of a bigger GPU.
+    """
+    from matplotlib.figure import Figure
+
+    usable = capacity_bytes - outside_bytes
+    fig = Figure(figsize=(9, 4.8), dpi=110)  # not pyplot: no global state, shown only when displayed
+    ax = fig.subplots()
+    for k, (label, steps) in enumerate(walks):
+        if not steps:
+            continue
+        total_params = steps[-1].moved_parameters or 1
+        x = [0.0] + [100.0 * s.moved_parameters / total_params for s in steps]
+        reserved = [0.0] + [s.reserved_bytes / GiB for s in steps]
+        allocated = [0.0] + [s.allocated_bytes / GiB for s in steps]
+        (line,) = ax.plot(x, reserved, label=f"{label}: reserved", linewidth=2)
+        ax.plot(x, allocated, linestyle="--", color=line.get_color(), label=f"{label}: allocated", linewidth=1)
+        failing = next(
+            (i for i, s in enumerate(steps) if s.reserved_bytes > usable),
+            None,
+        )
+        if failing is not None:
+            before = steps[failing - 1] if failing else None
+            fx = x[failing]  # the last point that fitted (x has a leading 0)
+            fy = (before.reserved_bytes if before else 0) / GiB
+            ax.plot([fx], [fy], marker="X", markersize=12, color=line.get_color(), linestyle="none")
+            ax.annotate(
+                f"OOM copying {steps[failing].name}\n(needs {format_size(steps[failing].tried_bytes)}, "
+                f"{fx:.0f}% moved)",
+                xy=(fx, fy), xytext=(12, -40 - 36 * k), textcoords="offset points", fontsize=8,
+                color=line.get_color(), bbox={"boxstyle": "round", "fc": "white", "alpha": 0.85},
+            )
+    ax.axhline(capacity_bytes / GiB, color="black", linewidth=1.2,
+               label=f"total capacity {format_size(capacity_bytes)}")
+    ax.axhline(usable / GiB, color="crimson", linewidth=1.2, linestyle=":",
+               label=f"usable by PyTorch {format_size(usable)} (capacity - {format_size(outside_bytes)} outside)")
+    for label, limit_bytes in other_limits:
+        ax.axhline(limit_bytes / GiB, color="seagreen", linewidth=1.2, linestyle="-.", label=label)
+    ax.set_xlabel("parameters moved to the GPU (%)")
+    ax.set_ylabel("GiB on GPU 0")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlim(0, 100)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_fit_maps(maps: Sequence[Any], title: str = "Per-GPU peak over micro-batch × sequence length") -> Any:
+    """One heat map per remedy (:class:`oomlab.remedies.fit_map.FitMap`): per-GPU peak as a share of the GPU's capacity.
+
+    Each cell shows the peak in GiB; cells that fit are marked with a check, those that do not are hatched grey.
+    """
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    n = max(1, len(maps))
+    fig = Figure(figsize=(4.2 * n, 3.8), dpi=110)
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    image = None
+    for ax, fm in zip(axes, maps, strict=False):
+        share = np.array(fm.peak_bytes, dtype=float) / fm.capacity_bytes
+        image = ax.imshow(np.minimum(share, 2.0), cmap="RdYlGn_r", vmin=0.0, vmax=2.0, origin="lower",
+                          aspect="auto")
+        for i, _ in enumerate(fm.batches):
+            for j, _ in enumerate(fm.seqs):
+                label = f"{fm.peak_bytes[i][j] / GiB:.1f}" + ("\n✓" if fm.fits[i][j] else "")
+                ax.text(j, i, label, ha="center", va="center", fontsize=6.5,
+                        color="black" if fm.fits[i][j] else "white")
+        ax.set_xticks(range(len(fm.seqs)), [str(s) for s in fm.seqs], fontsize=7)
+        ax.set_yticks(range(len(fm.batches)), [str(b) for b in fm.batches], fontsize=7)
+        ax.set_xlabel("sequence length (tokens)", fontsize=8)
+        ax.set_ylabel("micro-batch per GPU", fontsize=8)
+        ax.set_title(fm.name.replace(" · ", "\n", 2), fontsize=7.5)
+    if image is not None:
+        bar = fig.colorbar(image, ax=list(axes), shrink=0.85)
+        bar.set_label("per-GPU peak / capacity (GiB in cells; ✓ fits)", fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.subplots_adjust(top=0.78, wspace=0.35)
+    return fig

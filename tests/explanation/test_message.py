@@ -1,0 +1,261 @@
+"""oomlab.explanation.message: CUDA OOM messages (both formats) and tracebacks, read into figures and intervals."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oomlab.core.errors import NotAnOomMessageError, OomlabError
+from oomlab.core.seed import seed_report_text
+from oomlab.core.units import GiB, MiB, format_size
+from oomlab.explanation.frames import parse_traceback
+from oomlab.explanation.message import FORMAT_NEW, FORMAT_OLD, MAX_SCAN_CHARS, parse_oom_message, printed_size
+from oomlab.reproduction.allocator import OOMSnapshot, render_oom_message
+
+FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "real_oom_messages.json").read_text())
+FIGURES = ("tried", "total", "free", "allocated", "reserved", "reserved_unallocated", "in_use", "allowed",
+           "private_pools")
+
+
+# --------------------------------------------------------------------------------------- intervals
+
+
+@pytest.mark.parametrize(
+    ("number", "unit", "low", "high"),
+    [
+        ("0", "bytes", 0, 0),
+        ("1024", "bytes", 1024, 1024),  # format_size's boundaries are inclusive below: 1024 stays in bytes
+        ("1.00", "KiB", 1025, 1029),  # 1025 bytes is the first KiB figure
+        ("1024.00", "KiB", 1048571, MiB),  # 1 MiB itself prints as 1024.00 KiB
+        ("1.00", "MiB", MiB + 1, MiB + 5242),
+        ("1024.00", "MiB", GiB - 5242, GiB),  # 1 GiB itself prints as 1024.00 MiB
+        ("1.12", "KiB", 1142, 1152),  # 1152/1024 = 1.125 exactly: .2f rounds the tie to even, so 1152 is in
+        ("136.00", "MiB", 136 * MiB - 5242, 136 * MiB + 5242),
+        ("14.16", "GiB", 15198815519, 15209552936),
+    ],
+)
+def test_printed_size_interval(number: str, unit: str, low: int, high: int) -> None:
+    """A printed figure stands for exactly the byte counts torch's format_size prints that way."""
+    size = printed_size(number, unit)
+    assert (size.low_bytes, size.high_bytes, size.canonical) == (low, high, True)
+
+
+def test_retyped_figure_is_not_canonical() -> None:
+    """'2000.00 MiB' (torch would print GiB) and '14 GB' are flagged, with their precision's interval."""
+    assert printed_size("2000.00", "MiB").canonical is False
+    size = printed_size("14", "GB")
+    assert (size.canonical, size.low_bytes, size.high_bytes) == (False, 13_500_000_000, 14_500_000_000)
+
+
+@given(st.one_of(st.integers(0, 4096), st.integers(1024, 2 * MiB), st.integers(MiB, 2 * GiB),
+                 st.integers(GiB, 2**45)))
+def test_printed_size_inverts_format_size(value: int) -> None:
+    """format_size(v) parsed back gives the tightest interval holding v: its ends print the same, neighbours not."""
+    number, unit = format_size(value).split()
+    size = printed_size(number, unit)
+    assert size.canonical and size.low_bytes <= value <= size.high_bytes
+    assert format_size(size.low_bytes) == format_size(size.high_bytes) == format_size(value)
+    assert size.low_bytes == 0 or format_size(size.low_bytes - 1) != format_size(value)
+    assert format_size(size.high_bytes + 1) != format_size(value)
+
+
+# ------------------------------------------------------------------------------------ round trips
+
+_BYTES = st.integers(0, 100 * GiB)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> OOMSnapshot:
+    total = draw(st.integers(MiB, 200 * GiB))
+    reserved = draw(st.integers(0, total))
+    allocated = draw(st.integers(0, reserved))
+    free = draw(st.integers(0, total - reserved))
+    return OOMSnapshot(
+        tried_bytes=draw(_BYTES), request_bytes=0, device_index=draw(st.integers(0, 15)), total_bytes=total,
+        free_bytes=free, allocated_bytes=allocated, reserved_bytes=reserved,
+        allowed_bytes=draw(st.none() | st.integers(0, total)), outside_pytorch_bytes=total - reserved - free,
+    )
+
+
+def _holds(size, value: int) -> bool:
+    return size is not None and size.low_bytes <= value <= size.high_bytes
+
+
+@given(snapshots())
+def test_old_format_round_trip(snap: OOMSnapshot) -> None:
+    """render_oom_message (torch<=2.0) → parse: every figure's interval holds the true bytes."""
+    msg = parse_oom_message(render_oom_message(snap, "torch<=2.0"))
+    assert (msg.format, msg.device_index, msg.missing, msg.hint) == (FORMAT_OLD, snap.device_index, (),
+                                                                     "max_split_size_mb")
+    for size, value in ((msg.tried, snap.tried_bytes), (msg.total, snap.total_bytes), (msg.free, snap.free_bytes),
+                        (msg.allocated, snap.allocated_bytes), (msg.reserved, snap.reserved_bytes)):
+        assert _holds(size, value)
+    assert (msg.allowed is None) == (snap.allowed_bytes is None)
+    assert snap.allowed_bytes is None or _holds(msg.allowed, snap.allowed_bytes)
+
+
+@given(snapshots())
+def test_new_format_round_trip(snap: OOMSnapshot) -> None:
+    """render_oom_message (torch>=2.1) → parse: figures hold the truth; reserved = allocated + unallocated."""
+    msg = parse_oom_message(render_oom_message(snap, "torch>=2.1"))
+    assert (msg.format, msg.device_index, msg.missing, msg.hint) == (FORMAT_NEW, snap.device_index, (),
+                                                                     "expandable_segments")
+    for size, value in ((msg.tried, snap.tried_bytes), (msg.total, snap.total_bytes), (msg.free, snap.free_bytes),
+                        (msg.allocated, snap.allocated_bytes), (msg.in_use, snap.in_use_bytes),
+                        (msg.reserved_unallocated, snap.reserved_bytes - snap.allocated_bytes)):
+        assert _holds(size, value)
+    low, high = msg.reserved_low_high
+    assert low <= snap.reserved_bytes <= high
+
+
+# ---------------------------------------------------------------------------------- real messages
+
+
+def test_seed_message_figures() -> None:
+    """The seed (wrapped over lines inside a rich traceback): torch<=2.0, GPU 0, the five figures, nothing missing."""
+    msg = parse_oom_message(seed_report_text())
+    assert (msg.format, msg.backend, msg.device_index, msg.missing) == (FORMAT_OLD, "CUDA", 0, ())
+    assert [s.text for s in (msg.tried, msg.total, msg.allocated, msg.free, msg.reserved)] == [
+        "136.00 MiB", "14.75 GiB", "14.16 GiB", "40.81 MiB", "14.16 GiB"]
+    assert msg.tried.value_bytes == 136 * MiB and msg.hint == "max_split_size_mb"
+    assert msg.message.endswith("See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF")
+
+
+@pytest.mark.parametrize("case", FIXTURES, ids=[c["source"].split("github.com/")[1] for c in FIXTURES])
+def test_real_message_figures(case: dict) -> None:
+    """Verbatim messages from public issues: format, device and every figure as printed."""
+    msg = parse_oom_message(case["text"])
+    expected = case["expected"]
+    assert msg.format == expected["format"]
+    assert msg.device_index == expected["device_index"]
+    for name in FIGURES:
+        if name in expected:
+            size = getattr(msg, name)
+            assert (size.text if size else None) == expected[name], name
+    if "processes" in expected:
+        assert [[p.pid, p.memory.text] for p in msg.processes] == expected["processes"]
+    assert list(msg.missing) == expected.get("missing", [])
+    assert msg.backend == expected.get("backend", "CUDA")
+
+
+def test_t4_total_capacity_is_the_same_figure_everywhere() -> None:
+    """Every T4 '14.75 GiB' among the fixtures parses to the same interval, which holds the T4's capacity."""
+    from oomlab.core.gpus import load_gpu
+
+    sizes = {parse_oom_message(c["text"]).total for c in FIXTURES if "14.75 GiB" in c["text"]}
+    assert len(sizes) == 1
+    (size,) = sizes
+    assert size.low_bytes <= load_gpu("t4").total_memory_bytes <= size.high_bytes
+
+
+def test_misspelt_capacty_parses() -> None:
+    """'total capacty' (torch 2.1's spelling) is read like 'total capacity'."""
+    msg = parse_oom_message("CUDA out of memory. Tried to allocate 32.00 MiB. GPU 0 has a total capacty of 4.00 GiB "
+                            "of which 41.56 MiB is free.")
+    assert msg.total.text == "4.00 GiB" and msg.free.text == "41.56 MiB"
+
+
+# ------------------------------------------------------------------------------- cut and repeated
+
+
+def test_every_prefix_of_the_seed_parses_what_is_there() -> None:
+    """A message cut anywhere after 'CUDA out of memory' parses; figures found are the full ones; missing named."""
+    full = parse_oom_message(seed_report_text())
+    text = full.message
+    for cut in range(len("CUDA out of memory"), len(text) + 1):
+        msg = parse_oom_message(text[:cut])
+        for name in ("tried", "total", "allocated", "free"):
+            part = getattr(msg, name)
+            assert part is None or part.text == getattr(full, name).text, (cut, name)
+        if cut < text.index("reserved in total") + len("reserved in total by PyTorch"):
+            assert msg.missing, cut
+
+
+def test_prefix_stops_are_named() -> None:
+    """Cut after the allocated figure: tried/total/allocated decoded, free and reserved missing."""
+    msg = parse_oom_message("OutOfMemoryError: CUDA out of memory. Tried to allocate 136.00 MiB (GPU 0; 14.75 GiB "
+                            "total capacity; 14.16 GiB already allocated; 40.8")
+    assert msg.missing == ("free", "reserved")
+    assert msg.allocated.text == "14.16 GiB"
+
+
+def test_cut_before_the_format_shows() -> None:
+    """'CUDA out of memory. Tried to allo' is an OOM message with no figures and an unknown format."""
+    msg = parse_oom_message("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allo")
+    assert (msg.format, msg.tried, msg.missing) == (None, None, ("tried", "format"))
+
+
+def test_most_complete_of_several_messages_is_decoded() -> None:
+    """A log with a cut message then a complete one: the complete one wins; both are counted."""
+    cut = "CUDA out of memory. Tried to allocate 2.00 MiB (GPU 0; 14.75 GiB total"
+    whole = FIXTURES[0]["text"]
+    msg = parse_oom_message(f"{cut}\nretrying…\n{whole}\n{cut}")
+    assert msg.occurrences == 3 and msg.tried.text == "50.00 MiB" and msg.missing == ()
+
+
+# -------------------------------------------------------------------------------------- not an OOM
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "hello", "RuntimeError: expected scalar type Half but found Float", "CUDA out of memory errors are common",
+     "\x00\xff" * 100],
+)
+def test_not_an_oom_message(text: str) -> None:
+    """Anything without the allocator's message raises NotAnOomMessageError, an OomlabError, naming the fix."""
+    with pytest.raises(NotAnOomMessageError, match="not a CUDA out-of-memory message") as info:
+        parse_oom_message(text)
+    assert isinstance(info.value, OomlabError)
+
+
+def test_cuda_error_out_of_memory_is_told_apart() -> None:
+    """'CUDA error: out of memory' is named as a CUDA call outside the allocator, with no figures."""
+    with pytest.raises(NotAnOomMessageError, match="'CUDA error: out of memory', raised by a CUDA call outside"):
+        parse_oom_message("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously")
+
+
+def test_bytes_input_is_decoded() -> None:
+    """Bytes (a file read raw, invalid UTF-8 included) are decoded with replacement."""
+    msg = parse_oom_message(b"\xff\xfe " + FIXTURES[0]["text"].encode())
+    assert msg.tried.text == "50.00 MiB"
+
+
+def test_huge_input_scans_its_tail() -> None:
+    """Megabytes of log before the message: found, flagged as tail-scanned; the cap is MAX_SCAN_CHARS."""
+    text = "x" * (MAX_SCAN_CHARS + 1_000_000) + "\n" + FIXTURES[1]["text"]
+    msg = parse_oom_message(text)
+    assert msg.scanned_tail and msg.tried.text == "2.00 MiB"
+
+
+# --------------------------------------------------------------------------------------- tracebacks
+
+
+def test_rich_traceback_of_the_seed() -> None:
+    """The seed's rich frames: _apply at 820 and convert at 1143 with their code; gutter lines 797 and 1145."""
+    frames, sources = parse_traceback(seed_report_text())
+    assert [(f.function, f.line, f.code[:25]) for f in frames] == [
+        ("_apply", 820, "param_applied = fn(param)"), ("convert", 1143, "return t.to(device, dtype")]
+    lines = {(s.line, s.code) for s in sources}
+    assert (797, "module._apply(fn)") in lines and (1145, "return self._apply(convert)") in lines
+
+
+def test_python_traceback_frames() -> None:
+    """Python's own format: file, line, function and the source line below it (Windows paths too)."""
+    frames, _ = parse_traceback(FIXTURES[-6]["text"])
+    assert frames[0].file.endswith("torch\\nn\\modules\\module.py")
+    assert (frames[0].line, frames[0].function) == (1143, "convert")
+    assert frames[0].code.startswith("return t.to(device")
+
+
+def test_ipython_traceback_frames() -> None:
+    """IPython 7 ('file.py in func(args)' with '--> 722' gutters) and IPython 8 ('File f.py:1130, in F.func')."""
+    text = ("~/anaconda3/lib/python3.7/site-packages/torch/nn/modules/module.py in _call_impl(self, *input)\n"
+            "    720             result = self._slow_forward(*input, **kwargs)\n"
+            "--> 722             result = self.forward(*input, **kwargs)\n"
+            "File ~/venv/lib/python3.10/site-packages/torch/optim/adamw.py:184, in AdamW.step(self, closure)\n")
+    frames, _ = parse_traceback(text)
+    assert [(f.function, f.line, f.code) for f in frames] == [
+        ("_call_impl", 722, "result = self.forward(*input, **kwargs)"), ("step", 184, "")]
+    assert frames[1].file.endswith("torch/optim/adamw.py")

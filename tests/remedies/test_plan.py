@@ -1,0 +1,193 @@
+"""The plan: the seed row, dropped bf16, searches, knob table, device_map placement, throughput, CLI."""
+
+import json
+import subprocess
+import sys
+from contextlib import nullcontext
+from dataclasses import replace
+from unittest import mock
+
+import pytest
+
+from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.states import lora_parameters, weight_bytes_total
+from oomlab.cli import main
+from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
+from oomlab.core.setup import make_setup
+from oomlab.remedies import placement
+from oomlab.remedies.display import summarize
+from oomlab.remedies.fit_map import fit_map
+from oomlab.remedies.knobs import KNOB_VALUES
+from oomlab.remedies.plan import Plan, make_plan
+from oomlab.remedies.throughput import (
+    Assumptions,
+    attention_flops_per_token,
+    collective_bytes,
+    flops_per_token,
+    matmul_parameters,
+    step_time,
+)
+
+BF16_MESSAGE = ("dropped: precision 'bf16-mixed' needs bfloat16, which the Tesla T4 (compute capability 7.5) lacks; "
+                "use fp16-mixed or fp32 on this GPU")
+
+
+@pytest.fixture(scope="module")
+def plan() -> Plan:
+    return make_plan(model="llama-13b", gpu="t4", gpus=4, host_ram="192GiB", seq=2048)
+
+
+def test_seed_row_fails_for_notebook_01s_reason(plan) -> None:
+    """The user's configuration does not fit: the fp16 replica alone exceeds a T4, as notebook 01 reproduced."""
+    seed = plan.seed
+    assert (seed.strategy, seed.method, seed.precision, seed.optimizer) == (
+        Strategy.DDP, Method.FULL, Precision.FP16_MIXED, Optimizer.ADAMW)
+    assert not seed.fits and seed.max_batch is None and seed.tokens_per_s is None
+    assert seed.reason.startswith("fails before training: model.to('cuda') of the fp16 replica reserves 24.37 GiB")
+
+
+def test_bf16_dropped_with_make_setups_message(plan) -> None:
+    """bf16 variants are dropped on a T4 with make_setup's own reason."""
+    bf16 = [r for r in plan.dropped if r.precision is Precision.BF16_MIXED]
+    assert bf16 and all(r.reason == BF16_MESSAGE for r in bf16)
+    assert all(r.precision not in (Precision.BF16, Precision.BF16_MIXED) for r in plan.remedies)
+
+
+def test_ranked_fitting_first_by_throughput(plan) -> None:
+    """Fitting remedies come first; among the sound ones, tokens/s does not increase down the list."""
+    fits = [r.fits for r in plan.remedies]
+    assert fits == sorted(fits, reverse=True)
+    sound = [float(f"{r.tokens_per_s:.3g}") for r in plan.remedies if r.recommendable]
+    assert sound == sorted(sound, reverse=True)
+
+
+def test_recommended_fits_and_launches(plan) -> None:
+    """The recommendation fits, harms nothing, and has launch files."""
+    rec = plan.recommended
+    assert rec is not None and rec.fits and rec.recommendable and "train.py" in rec.config_files
+    assert rec.headroom_bytes > 0 and rec.host_ram_bytes <= plan.host_ram_bytes
+
+
+def test_full_fine_tuning_with_master_weights_does_not_fit(plan) -> None:
+    """No sound full fine-tuning fits 4 x T4 with 192 GiB of host RAM."""
+    assert not [r for r in plan.fitting if r.method is Method.FULL and r.recommendable]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 5])
+def test_max_batch_is_the_boundary(plan, index: int) -> None:
+    """The micro-batch search stops exactly where the analytic model stops fitting."""
+    r = [x for x in plan.remedies if x.fits and x.route is Route.PROCESS_PER_GPU][index]
+    at = estimate_setup(replace(r.setup, batch=r.max_batch))
+    above = estimate_setup(replace(r.setup, batch=r.max_batch + 1))
+    assert at.fits and not above.fits
+
+
+def test_max_seq_capped_at_context(plan) -> None:
+    """Sequence searches stop at max_position_embeddings (2048 for llama-13b)."""
+    assert max(r.max_seq or 0 for r in plan.remedies) == 2048
+    assert "max_position_embeddings = 2048" in plan.seq_note
+
+
+def test_knob_table_singles_then_minimal_pairs(plan) -> None:
+    """Every single knob appears; the pairs shown fit and neither of their changes fits alone."""
+    singles = [k for k in plan.knobs if len(k.changes) == 1]
+    assert {k.changes[0][0] for k in singles} == set(KNOB_VALUES)
+    fitting_single = {k.changes[0] for k in singles if k.fits}
+    pairs = [k for k in plan.knobs if len(k.changes) == 2]
+    assert pairs and all(k.fits for k in pairs)
+    assert all(not (set(k.changes) & fitting_single) for k in pairs)
+    assert any(k.changes == (("method", "qlora"), ("checkpointing", "true")) for k in pairs)
+    bf16 = next(k for k in singles if k.changes == (("precision", "bf16-mixed"),))
+    assert bf16.reason == BF16_MESSAGE and bf16.per_gpu_peak_bytes is None
+
+
+def test_device_map_places_every_layer_once(plan) -> None:
+    """accelerate's placement covers decoder layers 0..39 exactly once, in order, over the 4 GPUs."""
+    dm = plan.device_map
+    layers = [i for g in dm.gpus for i in g.layers]
+    assert layers == list(range(40)) and len(dm.gpus) == 4 and not dm.spilled
+    assert dm.per_gpu_peak_bytes <= 15835398144
+
+
+def test_memoised_sizes_change_nothing() -> None:
+    """Memoising accelerate's module sizes gives the same placement as accelerate alone."""
+    setup = make_setup(model="llama-13b", gpu="t4", gpus=4, method="lora", checkpointing=True)
+    fast = placement.place_device_map(setup)
+    with mock.patch.object(placement, "_memoised_sizes", nullcontext):
+        slow = placement.place_device_map(setup)
+    assert fast.to_dict() == slow.to_dict()
+
+
+def test_flops_full_is_6n_plus_attention() -> None:
+    """Full fine-tuning: 2N forward + 4N backward (+3 x attention); checkpointing adds the layers' forward."""
+    setup = make_setup(model="llama-13b", gpu="t4", seq=2048)
+    n, attn = matmul_parameters(setup), attention_flops_per_token(setup)
+    assert flops_per_token(setup).total == 6 * n + 3 * attn
+    layers_n = n - 32000 * 5120
+    assert flops_per_token(setup.with_(checkpointing=True)).recompute == 2 * layers_n + attn
+    assert n == 40 * (4 * 5120 * 5120 + 3 * 5120 * 13824) + 32000 * 5120
+
+
+def test_collectives_ddp_all_reduce() -> None:
+    """DDP moves 2(n-1)/n of the gradients per GPU; FSDP gathers weights twice and reduce-scatters gradients."""
+    ddp = make_setup(model="llama-13b", gpu="t4", gpus=4, strategy="ddp", method="lora")
+    grads = 4 * lora_parameters(ddp)
+    assert collective_bytes(ddp) == round(1.5 * grads)
+    fsdp = ddp.with_(strategy="fsdp")
+    assert collective_bytes(fsdp) == round(0.75 * (2 * weight_bytes_total(fsdp) + grads))
+
+
+def test_device_map_runs_at_one_gpus_speed() -> None:
+    """device_map's tokens per step are one GPU's, not four."""
+    setup = make_setup(model="llama-13b", gpu="t4", gpus=4, method="qlora", checkpointing=True)
+    dm = step_time(setup, Assumptions(), Route.DEVICE_MAP)
+    ddp = step_time(setup.with_(strategy="ddp"), Assumptions())
+    assert dm.tokens == setup.seq and ddp.tokens == 4 * setup.seq
+    assert dm.compute_s == pytest.approx(ddp.compute_s)
+
+
+def test_seq_beyond_context_refused() -> None:
+    """A target length past the model's context is refused with the limit named."""
+    with pytest.raises(ValueError, match="max_position_embeddings 2048"):
+        make_plan(seq=4096)
+
+
+def test_fit_map_agrees_with_search(plan) -> None:
+    """The fit map's column at the target length fits exactly up to max_batch."""
+    r = plan.recommended
+    fm = fit_map(r, plan.host_ram_bytes, batches=range(1, r.max_batch + 2), seqs=(2048,))
+    assert [row[0] for row in fm.fits] == [True] * r.max_batch + [False]
+
+
+def test_summary_has_no_placeholders(plan) -> None:
+    """The plain-words answer names the recommendation and the failing seed."""
+    text = summarize(plan)
+    assert plan.recommended.name in text and "does not fit" in text and "None" not in text
+
+
+def test_cli_plan_json_fields() -> None:
+    """`python -m oomlab plan --json` lists remedies with every field of the issue."""
+    proc = subprocess.run([sys.executable, "-m", "oomlab", "plan", "--model", "llama-13b", "--gpu", "t4", "--gpus",
+                           "4", "--host-ram", "192GiB", "--seq", "2048", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    fields = ("name", "route", "strategy", "method", "precision", "optimizer", "checkpointing", "offload", "fits",
+              "reason", "per_gpu_peak_bytes", "headroom_bytes", "host_ram_bytes", "max_batch", "max_seq",
+              "tokens_per_s", "config_files")
+    for r in data["remedies"] + [data["seed"]]:
+        assert all(f in r for f in fields)
+    assert data["host_ram_bytes"] == 192 * 2**30
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["plan", "--host-ram", "lots"], "invalid size 'lots'"),
+    (["plan", "--gpu", "h9000"], "unknown GPU 'h9000'; known: a100-40gb"),
+    (["plan", "--gpus", "0"], "invalid value '0'; must be an integer >= 1"),
+])
+def test_cli_plan_bad_input_exits_2(args, message, capsys) -> None:
+    """Bad input exits 2 naming the value."""
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(args))
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err

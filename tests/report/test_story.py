@@ -1,0 +1,124 @@
+"""The report's story: read from the results the notebooks' builders write, generic for any case, user text escaped."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import pytest
+
+from oomlab.budget import agreement
+from oomlab.budget.display import budget_variants, seed_variants
+from oomlab.core.gpus import load_gpu
+from oomlab.core.paths import MODEL_SPECS_DIR
+from oomlab.explanation.explain import explain
+from oomlab.remedies.checks import verification
+from oomlab.remedies.launch_dir import launch_command, write_configs
+from oomlab.remedies.plan import make_plan
+from oomlab.report import story
+from oomlab.report.results import budget_results, load_results, plan_results, reproduce_results, write_results
+from oomlab.reproduction.outside import seed_outside_bytes
+from oomlab.reproduction.replay import reproduce
+
+EVIL = "<img src=x onerror=alert(1)>"
+
+
+class Recorder(dict):
+    """A dict that records every key read from it (``[]`` and ``.get``), nested dicts included."""
+
+    missing: list[str]
+
+    def __init__(self, data: dict[str, Any], path: str, missing: list[str]) -> None:
+        super().__init__({k: wrap(v, f"{path}.{k}", missing) for k, v in data.items()})
+        self.path, self.missing = path, missing
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self:
+            self.missing.append(f"{self.path}.{key}")
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self.missing.append(f"{self.path}.{key} (get)")
+        return super().get(key, default)
+
+
+def wrap(value: Any, path: str, missing: list[str]) -> Any:
+    if isinstance(value, dict):
+        return Recorder(value, path, missing)
+    if isinstance(value, list):
+        return [wrap(v, f"{path}[]", missing) for v in value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory) -> Any:
+    """Results of notebooks 01–03 built by the builders, for llama-2-7b given as a path that holds markup."""
+    root = tmp_path_factory.mktemp("case")
+    folder = root / EVIL
+    folder.mkdir()
+    shutil.copy(MODEL_SPECS_DIR / "llama-2-7b.json", folder / "config.json")
+    model = str(folder / "config.json")
+    result = reproduce(model=model, gpu="a10g", device="simulated")
+    fp32 = reproduce(model=model, gpu="a10g", dtype="float32", device="simulated")
+    decoded = explain(result.message, model=model, gpu="a10g", dtype="float16") if result.message else None
+    write_results(root / "results" / "01_reproduce_oom.json", reproduce_results(
+        {"model": model, "dtype": "float16", "gpu": "a10g", "gpus": 1, "device": result.device}, result, fp32, None,
+        None, decoded, "the reproduced message" if decoded else None, 1))
+    variants = budget_variants(seed_variants(model, "a10g", 1, "fp16-mixed", "adamw", 1, 2048, False, "sdpa", 8))
+    committed = agreement.load_committed()
+    write_results(root / "results" / "02_memory_budget.json", budget_results(
+        {"model": model, "gpu": "a10g", "gpus": 1}, load_gpu("a10g"), 1, seed_outside_bytes(), variants, committed,
+        agreement.worst_row(committed), {}, []))
+    plan = make_plan(model=model, gpu="a10g", gpus=1)
+    written = write_configs(root / "configs", plan)
+    rec = plan.recommended
+    command = launch_command(rec, "PATH/TO/MODEL", plan.seq, plan.lora_rank, plan.gpus) if rec else None
+    write_results(root / "results" / "03_remediations.json", plan_results(
+        {"model": model, "gpu": "a10g", "gpus": 1}, plan, command, root / "configs", written, plan.device_map, [],
+        {"single_process": verification(("lora",), run=False)}))
+    return root
+
+
+STORY = ("title", "answer", "deciding_configuration", "knob_table_rows", "remedy_rows", "seed_table_rows",
+         "reproduction", "message", "decoded", "evidence_of_budget", "verification_rows", "recommended_fix",
+         "config_files", "assumptions", "parameter_rows")
+
+
+def test_story_reads_only_what_the_builders_write(out_dir) -> None:
+    """Every key any story function reads exists in the results the builders wrote."""
+    missing: list[str] = []
+    results = {k: Recorder(v, k, missing) for k, v in load_results(out_dir).items()}
+    for name in STORY:
+        getattr(story, name)(results)
+    story.plot_variants(results)
+    assert missing == []
+
+
+def test_user_text_is_escaped(out_dir) -> None:
+    """A model path with markup reaches the report as text, not as a tag."""
+    r = load_results(out_dir)
+    text = story.title(r) + story.answer(r) + story.reproduction(r) + story.message(r) + story.decoded(r)
+    text += "".join(story.assumptions(r)) + story.recommended_fix(r) + story.deciding_configuration(r)
+    assert EVIL not in text and "&lt;img src=x onerror=alert(1)&gt;" in text
+
+
+def test_answer_for_another_case_mentions_nothing_of_the_seed(out_dir) -> None:
+    """One GPU: no pooling sentence, no seed figures."""
+    r = load_results(out_dir)
+    text = story.answer(r)
+    assert "do not pool" not in text and "llama-13b" not in text and "T4" not in text
+    assert story.seed_table_rows(r) == []
+
+
+def test_results_are_json(out_dir) -> None:
+    """What the builders wrote reads back as plain JSON."""
+    for path in (out_dir / "results").glob("*.json"):
+        assert isinstance(json.loads(path.read_text()), dict)
+
+
+def test_missing_results_name_the_notebook(tmp_path) -> None:
+    """Running the report before the analyses says which notebook to run."""
+    with pytest.raises(FileNotFoundError, match="run notebook 01_reproduce_oom first"):
+        load_results(tmp_path)
