@@ -17,13 +17,14 @@ from oomlab.core.seed import seed_report_text
 from oomlab.core.units import MiB, format_size
 from oomlab.explanation.display import render_explanation
 from oomlab.explanation.explain import explain
-from oomlab.explanation.message import printed_size
+from oomlab.explanation.printed import printed_size
 from oomlab.explanation.request import request_range
 from oomlab.explanation.torch_versions import load_module_lines, match_torch_versions
 from oomlab.reproduction.allocator import get_allocation_size, round_size
 from oomlab.reproduction.outside import seed_outside_bytes
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "real_oom_messages.json").read_text())
+IDS = [f"{i}-{c['source'].split('github.com/')[1]}" for i, c in enumerate(FIXTURES)]
 SEED_REPORT = paths.SEED_REPORT
 
 
@@ -124,18 +125,15 @@ def test_seed_cli_json() -> None:
         ("10.00 MiB", [(10 * MiB - 511, 10 * MiB)]),  # only a request rounding to exactly kMinLargeAlloc
         ("12.00 MiB", [(10 * MiB + 1, 12 * MiB)]),
         ("136.00 MiB", [(134 * MiB + 1, 136 * MiB)]),
-        ("12.50 MiB", [(12 * MiB + 524_764, 12 * MiB + 523_764 + 11_486)]),  # no segment: torch < 1.5 printed it
+        # no segment prints as 12.50 MiB (torch < 1.5 printed the request): the printed interval itself,
+        # 12.5 MiB ± 0.005 MiB = 13,107,200 ± 5,242.88, rounded inwards to whole bytes
+        ("12.50 MiB", [(13_101_958, 13_112_442)]),
     ],
 )
 def test_request_range(printed: str, ranges: list) -> None:
     """The request sizes whose segment prints as the "Tried to allocate"."""
     number, unit = printed.split()
-    got = request_range(printed_size(number, unit))
-    if printed == "12.50 MiB":
-        size = printed_size(number, unit)
-        assert got == ((size.low_bytes, size.high_bytes),)
-    else:
-        assert [tuple(r) for r in got] == ranges
+    assert [tuple(r) for r in request_range(printed_size(number, unit))] == ranges
 
 
 @given(st.integers(1, 64 * 1024 * MiB))
@@ -154,18 +152,30 @@ def test_small_segment_verdict() -> None:
 # ----------------------------------------------------------------------------------- real messages
 
 
-@pytest.mark.parametrize("case", FIXTURES, ids=[c["source"].split("github.com/")[1] for c in FIXTURES])
+@pytest.mark.parametrize("case", FIXTURES, ids=IDS)
 def test_real_message_explained(case: dict) -> None:
-    """Each verbatim message: expected anomalies, hint verdict, versions and phase where recorded."""
+    """Each verbatim message: expected anomalies, hint verdict, versions, phase, this process and verdict phrases."""
     result = explain(case["text"], gpu=case.get("gpu"))
     expected = case["expected"]
     codes = [a.code for a in result.anomalies]
     for code in expected.get("anomalies", []):
         assert code in codes
+    for code in expected.get("absent_anomalies", []):
+        assert code not in codes
     if "hint_can_help" in expected:
         assert result.hint_can_help is expected["hint_can_help"]
     assert list(result.torch_versions) == expected.get("torch_versions", [])
     assert (result.phase.code if result.phase else None) == expected.get("phase")
+    if "this_process" in expected:
+        acc = result.processes
+        got = None if acc.in_use is None else [acc.pid, acc.in_use.text, acc.basis.value]
+        assert got == expected["this_process"]
+    assert [p.pid for p in result.processes.candidates] == expected.get("this_process_candidates", [])
+    assert list(result.processes.ambiguous) == expected.get("ambiguous", [])
+    for phrase in expected.get("verdict_includes", []):
+        assert phrase in result.verdict
+    for phrase in expected.get("verdict_excludes", []):
+        assert phrase not in result.verdict
     assert result.verdict and json.dumps(result.to_dict())
 
 
@@ -190,6 +200,123 @@ def test_request_above_total_and_overflow() -> None:
     result = explain(next(c["text"] for c in FIXTURES if "33143" in c["source"]))
     text = next(a.text for a in result.anomalies if a.code == "request_above_total")
     assert "overflowing or negative size" in text
+
+
+def _fixture(part: str) -> str:
+    return next(c["text"] for c in FIXTURES if part in c["source"])
+
+
+def test_unreadable_request_is_named_not_cut_off() -> None:
+    """'Tried to allocate banana MiB': the verdict names the figure as unreadable and never says 'cut off'."""
+    result = explain("CUDA out of memory. Tried to allocate banana MiB")
+    assert ("The 'Tried to allocate' figure reads 'banana MiB', which is unreadable: not a size as torch prints it "
+            "(a number with two decimals and bytes, KiB, MiB or GiB)") in result.verdict
+    assert "cut off" not in result.verdict
+    assert [a.code for a in result.anomalies] == ["unreadable"]
+
+
+def test_unreadable_figure_leaves_the_others_read() -> None:
+    """An unreadable allocated figure: named, and the request, free and reserved still explained."""
+    result = explain("CUDA out of memory. Tried to allocate 136.00 MiB (GPU 0; 14.75 GiB total capacity; lots already "
+                     "allocated; 40.81 MiB free; 14.16 GiB reserved in total by PyTorch)")
+    assert "The allocated figure reads 'lots', which is unreadable" in result.verdict
+    assert "Only 40.81 MiB was free" in result.verdict and result.gpu_matches == ("t4",)
+
+
+@pytest.mark.parametrize(
+    ("backend", "malloc", "context", "absent"),
+    [
+        ("CUDA", "cudaMalloc", "a CUDA context", ("hipMalloc", "HIP runtime")),
+        ("HIP", "hipMalloc", "a HIP runtime context", ("cudaMalloc", "CUDA context")),
+    ],
+)
+def test_verdict_speaks_the_backends_runtime(backend: str, malloc: str, context: str, absent: tuple) -> None:
+    """The seed's figures as a CUDA and as a ROCm message: the segment is asked of that runtime's malloc."""
+    text = seed_report_text().replace("CUDA out of memory", f"{backend} out of memory")
+    verdict = explain(text).verdict
+    assert f"is the segment asked of {malloc}" in verdict and f"the size of {context}" in verdict
+    for word in absent:
+        assert word not in verdict
+
+
+@pytest.mark.parametrize(
+    ("source", "head", "can_tell"),
+    [
+        ("ComfyUI/issues/7372", "An MPS (Apple silicon GPU, Metal) out-of-memory message of PyTorch's MPS heap "
+         "allocator", "What oomlab can tell from an MPS message"),
+        ("mxfold2/issues/20", "A CPU out-of-memory message of PyTorch's DefaultCPUAllocator: host RAM ran out",
+         "What oomlab can tell from a CPU message"),
+        ("torch-xpu-ops/issues/3011", "An XPU (Intel GPU) out-of-memory message of PyTorch's XPU caching allocator",
+         "What oomlab can tell from an XPU message"),
+        ("TheRock/issues/1054", "A HIP (ROCm) out-of-memory message of PyTorch's caching allocator, hipified",
+         "What oomlab can tell from a ROCm message"),
+    ],
+)
+def test_other_backends_say_which_and_what_oomlab_can_tell(source: str, head: str, can_tell: str) -> None:
+    """MPS, CPU, XPU and ROCm messages: the verdict opens with the backend and says what oomlab can and cannot tell."""
+    verdict = explain(_fixture(source)).verdict
+    assert verdict.startswith(head) and can_tell in verdict and "What it cannot:" in verdict
+    assert "paste the error's last lines" not in verdict
+
+
+# 136.00 MiB is the CUDA segment of llama-13b's 13824 × 5120 float16 projections: read as CUDA's, it would name them
+_MPS_136 = ("MPS backend out of memory (MPS allocated: 14.16 GiB, other allocations: 1.00 GiB, max allowed: 15.00 GiB)"
+            ". Tried to allocate 136.00 MiB on private pool.")
+_CPU_136 = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 142606336 bytes. Error code 12 (Cannot " \
+           "allocate memory)"
+
+
+@pytest.mark.parametrize("text", [_fixture("ComfyUI/issues/7372"), _fixture("mxfold2/issues/20"), _MPS_136, _CPU_136])
+def test_mps_and_cpu_make_no_cuda_readings(text: str) -> None:
+    """With --model, an MPS or CPU message gets no segment candidates, no _apply walk and no GPU match."""
+    result = explain(text, model="llama-13b")
+    assert (result.candidates, result.walk, result.gpu_matches) == ((), None, ())
+    assert "Give --model" not in result.verdict
+
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [
+        (_fixture("mxfold2/issues/20"), 132426121216),
+        (_CPU_136, 142606336),  # a multiple of 2 MiB: as a CUDA segment it would stand for (134 MiB, 136 MiB]
+    ],
+)
+def test_cpu_request_is_exact(text: str, nbytes: int) -> None:
+    """The CPU allocator's request is the tensor's exact byte count: a one-value request range."""
+    assert explain(text).request_range == ((nbytes, nbytes),)
+
+
+def test_gpu_given_for_another_backend_is_flagged() -> None:
+    """--gpu t4 with an MPS message: a backend_mismatch anomaly, and no NVIDIA capacity comparison."""
+    codes = [a.code for a in explain(_fixture("ComfyUI/issues/7372"), gpu="t4").anomalies]
+    assert "backend_mismatch" in codes and "gpu_mismatch" not in codes
+
+
+def test_several_processes_name_the_ambiguous_figures() -> None:
+    """Four processes, none 'this process': the JSON and the verdict say which figures are ambiguous."""
+    result = explain(_fixture("cosmos-predict2"))
+    data = result.to_dict()
+    assert (data["this_process"], data["ambiguous_figures"]) == (None, ["in_use", "non_pytorch", "other_processes"])
+    assert data["non_pytorch_this_process_interval"] is None and data["other_processes_interval"] is None
+    assert "so its memory in use, its memory outside PyTorch and the other processes' share are ambiguous" in (
+        result.verdict)
+
+
+def test_one_listed_process_is_this_one() -> None:
+    """One 'Process N' line and no 'this process' line: its memory is this process's, split around PyTorch's."""
+    data = explain(_fixture("dots.ocr/issues/196")).to_dict()
+    assert data["this_process"] == {"pid": 2684311, "basis": "only-one-listed", "in_use_bytes": 15579993866,
+                                    "in_use_interval": [15574625158, 15585362575], "in_use_printed": "14.51 GiB"}
+    own = data["non_pytorch_this_process_interval"]
+    assert format_size(own[0]) == "346.48 MiB" and format_size(own[1]) == "366.96 MiB"
+
+
+@pytest.mark.parametrize("case", FIXTURES, ids=IDS)
+def test_every_verdict_ends_with_the_next_step(case: dict) -> None:
+    """The verdict's last paragraph is the next command, the same one the JSON carries."""
+    result = explain(case["text"])
+    last = result.verdict.split("\n\n")[-1]
+    assert last.startswith(f"Next step: {result.to_dict()['next_step']} — ")
 
 
 # ------------------------------------------------------------------------------------------ phases
@@ -307,6 +434,10 @@ def test_cli_reads_stdin() -> None:
         (["explain", "--dtype", "float8", "x"], "unknown dtype 'float8'"),
         (["explain", "--file", "/nonexistent/oom.txt"], "cannot read --file '/nonexistent/oom.txt'"),
         (["explain", "x", "--file", "y"], "give the message as TEXT or --file, not both"),
+        # the issue's bare message: the first words of the error and nothing else
+        (["explain", "CUDA out of memory."], "python -m oomlab explain: error: a bare 'CUDA out of memory.' with no "
+                                             "figures: the input has the error's first words but not 'Tried to "
+                                             "allocate …'"),
     ],
 )
 def test_cli_bad_input_exits_2(args: list[str], message: str, capsys) -> None:

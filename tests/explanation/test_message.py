@@ -1,4 +1,5 @@
-"""oomlab.explanation.message: CUDA OOM messages (both formats) and tracebacks, read into figures and intervals."""
+"""oomlab.explanation.message: OOM messages (CUDA's two formats, HIP, XPU, MPS, CPU) and tracebacks, read into
+figures and intervals."""
 
 import json
 from pathlib import Path
@@ -9,56 +10,16 @@ from hypothesis import strategies as st
 
 from oomlab.core.errors import NotAnOomMessageError, OomlabError
 from oomlab.core.seed import seed_report_text
-from oomlab.core.units import GiB, MiB, format_size
+from oomlab.core.units import GiB, MiB
+from oomlab.explanation.backend import Backend
 from oomlab.explanation.frames import parse_traceback
-from oomlab.explanation.message import FORMAT_NEW, FORMAT_OLD, MAX_SCAN_CHARS, parse_oom_message, printed_size
+from oomlab.explanation.message import FORMAT_NEW, FORMAT_OLD, MAX_SCAN_CHARS, parse_oom_message
 from oomlab.reproduction.allocator import OOMSnapshot, render_oom_message
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "real_oom_messages.json").read_text())
+IDS = [f"{i}-{c['source'].split('github.com/')[1]}" for i, c in enumerate(FIXTURES)]
 FIGURES = ("tried", "total", "free", "allocated", "reserved", "reserved_unallocated", "in_use", "allowed",
            "private_pools")
-
-
-# --------------------------------------------------------------------------------------- intervals
-
-
-@pytest.mark.parametrize(
-    ("number", "unit", "low", "high"),
-    [
-        ("0", "bytes", 0, 0),
-        ("1024", "bytes", 1024, 1024),  # format_size's boundaries are inclusive below: 1024 stays in bytes
-        ("1.00", "KiB", 1025, 1029),  # 1025 bytes is the first KiB figure
-        ("1024.00", "KiB", 1048571, MiB),  # 1 MiB itself prints as 1024.00 KiB
-        ("1.00", "MiB", MiB + 1, MiB + 5242),
-        ("1024.00", "MiB", GiB - 5242, GiB),  # 1 GiB itself prints as 1024.00 MiB
-        ("1.12", "KiB", 1142, 1152),  # 1152/1024 = 1.125 exactly: .2f rounds the tie to even, so 1152 is in
-        ("136.00", "MiB", 136 * MiB - 5242, 136 * MiB + 5242),
-        ("14.16", "GiB", 15198815519, 15209552936),
-    ],
-)
-def test_printed_size_interval(number: str, unit: str, low: int, high: int) -> None:
-    """A printed figure stands for exactly the byte counts torch's format_size prints that way."""
-    size = printed_size(number, unit)
-    assert (size.low_bytes, size.high_bytes, size.canonical) == (low, high, True)
-
-
-def test_retyped_figure_is_not_canonical() -> None:
-    """'2000.00 MiB' (torch would print GiB) and '14 GB' are flagged, with their precision's interval."""
-    assert printed_size("2000.00", "MiB").canonical is False
-    size = printed_size("14", "GB")
-    assert (size.canonical, size.low_bytes, size.high_bytes) == (False, 13_500_000_000, 14_500_000_000)
-
-
-@given(st.one_of(st.integers(0, 4096), st.integers(1024, 2 * MiB), st.integers(MiB, 2 * GiB),
-                 st.integers(GiB, 2**45)))
-def test_printed_size_inverts_format_size(value: int) -> None:
-    """format_size(v) parsed back gives the tightest interval holding v: its ends print the same, neighbours not."""
-    number, unit = format_size(value).split()
-    size = printed_size(number, unit)
-    assert size.canonical and size.low_bytes <= value <= size.high_bytes
-    assert format_size(size.low_bytes) == format_size(size.high_bytes) == format_size(value)
-    assert size.low_bytes == 0 or format_size(size.low_bytes - 1) != format_size(value)
-    assert format_size(size.high_bytes + 1) != format_size(value)
 
 
 # ------------------------------------------------------------------------------------ round trips
@@ -116,14 +77,14 @@ def test_new_format_round_trip(snap: OOMSnapshot) -> None:
 def test_seed_message_figures() -> None:
     """The seed (wrapped over lines inside a rich traceback): torch<=2.0, GPU 0, the five figures, nothing missing."""
     msg = parse_oom_message(seed_report_text())
-    assert (msg.format, msg.backend, msg.device_index, msg.missing) == (FORMAT_OLD, "CUDA", 0, ())
+    assert (msg.format, msg.backend, msg.device_index, msg.missing) == (FORMAT_OLD, Backend.CUDA, 0, ())
     assert [s.text for s in (msg.tried, msg.total, msg.allocated, msg.free, msg.reserved)] == [
         "136.00 MiB", "14.75 GiB", "14.16 GiB", "40.81 MiB", "14.16 GiB"]
     assert msg.tried.value_bytes == 136 * MiB and msg.hint == "max_split_size_mb"
     assert msg.message.endswith("See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF")
 
 
-@pytest.mark.parametrize("case", FIXTURES, ids=[c["source"].split("github.com/")[1] for c in FIXTURES])
+@pytest.mark.parametrize("case", FIXTURES, ids=IDS)
 def test_real_message_figures(case: dict) -> None:
     """Verbatim messages from public issues: format, device and every figure as printed."""
     msg = parse_oom_message(case["text"])
@@ -136,8 +97,15 @@ def test_real_message_figures(case: dict) -> None:
             assert (size.text if size else None) == expected[name], name
     if "processes" in expected:
         assert [[p.pid, p.memory.text] for p in msg.processes] == expected["processes"]
+    if "mps" in expected:
+        mps = msg.mps
+        assert {"allocated": mps.allocated.text, "other_allocations": mps.other_allocations.text,
+                "max_allowed": mps.max_allowed.text if mps.max_allowed else None, "pool": mps.pool} == expected["mps"]
+    if "host" in expected:
+        assert [msg.host.code, msg.host.reason] == expected["host"]
     assert list(msg.missing) == expected.get("missing", [])
-    assert msg.backend == expected.get("backend", "CUDA")
+    assert msg.unreadable == ()
+    assert msg.backend.value == expected.get("backend", "CUDA")
 
 
 def test_t4_total_capacity_is_the_same_figure_everywhere() -> None:
@@ -161,10 +129,10 @@ def test_misspelt_capacty_parses() -> None:
 
 
 def test_every_prefix_of_the_seed_parses_what_is_there() -> None:
-    """A message cut anywhere after 'CUDA out of memory' parses; figures found are the full ones; missing named."""
+    """A message cut anywhere after 'CUDA out of memory. T' parses; figures found are the full ones; missing named."""
     full = parse_oom_message(seed_report_text())
     text = full.message
-    for cut in range(len("CUDA out of memory"), len(text) + 1):
+    for cut in range(len("CUDA out of memory. T"), len(text) + 1):
         msg = parse_oom_message(text[:cut])
         for name in ("tried", "total", "allocated", "free"):
             part = getattr(msg, name)
@@ -185,6 +153,112 @@ def test_cut_before_the_format_shows() -> None:
     """'CUDA out of memory. Tried to allo' is an OOM message with no figures and an unknown format."""
     msg = parse_oom_message("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allo")
     assert (msg.format, msg.tried, msg.missing) == (None, None, ("tried", "format"))
+
+
+@pytest.mark.parametrize(
+    ("text", "anchor"),
+    [
+        ("CUDA out of memory.", "CUDA out of memory."),
+        ("torch.cuda.OutOfMemoryError: CUDA out of memory", "CUDA out of memory."),  # no full stop either
+        ("RuntimeError: CUDA out of memory.\n  File \"train.py\", line 3\n", "CUDA out of memory."),  # a log goes on
+        ("torch.OutOfMemoryError: HIP out of memory.  \r\n", "HIP out of memory."),
+        ("RuntimeError: MPS backend out of memory", "MPS backend out of memory."),
+    ],
+)
+def test_bare_message_is_refused(text: str, anchor: str) -> None:
+    """The error's first words with no figures after them: NotAnOomMessageError naming what is missing and what to
+    paste."""
+    with pytest.raises(NotAnOomMessageError) as info:
+        parse_oom_message(text)
+    assert str(info.value) == (
+        f"a bare {anchor!r} with no figures: the input has the error's first words but not 'Tried to allocate …' nor "
+        "the device's figures (total capacity, free, allocated, reserved), so there is nothing to decode; paste the "
+        "whole message as torch printed it, on the line after 'OutOfMemoryError:', e.g. 'CUDA out of memory. Tried "
+        "to allocate 136.00 MiB (GPU 0; 14.75 GiB total capacity; …)'")
+
+
+def test_message_wrapped_after_its_first_words_is_not_bare() -> None:
+    """'CUDA out of memory.' ending a line, the figures on the next (a wrapped terminal): decoded in full."""
+    msg = parse_oom_message("CUDA out of memory.\nTried to allocate 136.00 MiB (GPU 0; 14.75 GiB total capacity; "
+                            "14.16 GiB already allocated; 40.81 MiB free; 14.16 GiB reserved in total by PyTorch)")
+    assert msg.tried.text == "136.00 MiB" and msg.missing == ()
+
+
+_OLD_TAIL = " (GPU 0; 14.75 GiB total capacity; 14.16 GiB already allocated; 40.81 MiB free; 14.16 GiB reserved in " \
+            "total by PyTorch)"
+
+
+@pytest.mark.parametrize(
+    ("text", "unreadable", "missing"),
+    [
+        ("CUDA out of memory. Tried to allocate banana MiB", [("tried", "banana MiB")], []),  # alone: not "cut off"
+        ("CUDA out of memory. Tried to allocate banana MiB" + _OLD_TAIL, [("tried", "banana MiB")], []),
+        ("CUDA out of memory. Tried to allocate 1,024.00 MiB" + _OLD_TAIL, [("tried", "1,024.00 MiB")], []),
+        ("CUDA out of memory. Tried to allocate 136.00 MiB (GPU 0; 14.75 GiB total capacity; lots already allocated; "
+         "40.81 MiB free; 14.16 GiB reserved in total by PyTorch)", [("allocated", "lots")], []),
+        ("CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total capacity of 39.49 GiB of which plenty "
+         "is free. Of the allocated memory 4.98 GiB is allocated by PyTorch, and 28.38 MiB is reserved by PyTorch but "
+         "unallocated.", [("free", "plenty")], []),
+        ("DefaultCPUAllocator: can't allocate memory: you tried to allocate many bytes. Error code 12 (Cannot "
+         "allocate memory)", [("tried", "many bytes")], []),
+        ("MPS backend out of memory (MPS allocated: lots, other allocations: 3.95 MB, max allowed: 18.13 GB). Tried "
+         "to allocate 1024.00 MB on private pool.", [("mps_allocated", "lots")], []),
+    ],
+)
+def test_unreadable_figure_is_named_not_missing(text: str, unreadable: list, missing: list) -> None:
+    """A figure whose label is there but whose value is no size is unreadable (with its text), not missing."""
+    msg = parse_oom_message(text)
+    assert [(u.name, u.text) for u in msg.unreadable] == unreadable
+    assert list(msg.missing) == missing
+
+
+@pytest.mark.parametrize(
+    ("text", "missing"),
+    [
+        ("CUDA out of memory. Tried to allocate 136.0", ("tried", "format")),  # cut inside the number
+        ("CUDA out of memory. Tried to allocate 136.00 Mi", ("tried", "format")),  # cut inside the unit
+        ("CUDA out of memory. Tried to allocate 160.00 MiB. GPU 0 has a total capacity of 14.7",
+         ("total", "free", "allocated", "reserved_unallocated")),
+        ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1324", ("tried",)),
+    ],
+)
+def test_figure_cut_by_the_input_end_is_missing_not_unreadable(text: str, missing: tuple) -> None:
+    """A size cut off by the end of the input (a prefix of a valid size) is missing, not unreadable."""
+    msg = parse_oom_message(text)
+    assert (msg.unreadable, msg.missing) == ((), missing)
+
+
+@pytest.mark.parametrize(
+    ("text", "backend", "fmt"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has", Backend.CUDA, FORMAT_NEW),
+        ("HIP out of memory. Tried to allocate 2.00 MiB (GPU 0; 15.98 GiB total capacity;", Backend.HIP, FORMAT_OLD),
+        ("XPU out of memory. Tried to allocate 4.66 GiB. GPU 0 has a total capacity of", Backend.XPU, FORMAT_NEW),
+        ("MPS backend out of memory (MPS allocated: 5.56 GB, other allocations: 1.10 GB", Backend.MPS, None),
+        ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 64 bytes.", Backend.CPU, None),
+        ("DefaultCPUAllocator: not enough memory: you tried to allocate 64 bytes.", Backend.CPU, None),  # Windows
+        ("torch.OutOfMemoryError: Out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total", None, FORMAT_NEW),
+    ],
+)
+def test_backend_is_named_by_the_message(text: str, backend: Backend | None, fmt: str | None) -> None:
+    """The message's first words name its backend; MPS and CPU messages have neither caching-allocator format."""
+    msg = parse_oom_message(text)
+    assert (msg.backend, msg.format) == (backend, fmt)
+
+
+def test_mps_message_without_the_watermark_cap() -> None:
+    """The MPS wording without 'max allowed' (the limit disabled): decoded, max_allowed None, nothing missing."""
+    msg = parse_oom_message("MPS backend out of memory (MPS allocated: 30.12 GB, other allocations: 1.20 GB). Tried to "
+                            "allocate 2.00 GB on private pool.")
+    assert (msg.mps.allocated.text, msg.mps.max_allowed, msg.mps.pool, msg.missing) == ("30.12 GB", None, "private", ())
+
+
+def test_xpu_4gb_block_refusal_is_told_apart() -> None:
+    """IPEX's 'can NOT allocate memory block with size larger than 4GB' is named as a platform limit, not an OOM."""
+    with pytest.raises(NotAnOomMessageError, match="refusing one XPU block larger than 4 GB"):
+        parse_oom_message("RuntimeError: Current platform can NOT allocate memory block with size larger than 4GB! "
+                          "Tried to allocate 6.85 GiB (GPU  0; 15.56 GiB total capacity; 0 bytes already allocated; "
+                          "0 bytes reserved in total by PyTorch)")
 
 
 def test_most_complete_of_several_messages_is_decoded() -> None:
@@ -243,7 +317,7 @@ def test_rich_traceback_of_the_seed() -> None:
 
 def test_python_traceback_frames() -> None:
     """Python's own format: file, line, function and the source line below it (Windows paths too)."""
-    frames, _ = parse_traceback(FIXTURES[-6]["text"])
+    frames, _ = parse_traceback(next(c["text"] for c in FIXTURES if "oobabooga" in c["source"]))
     assert frames[0].file.endswith("torch\\nn\\modules\\module.py")
     assert (frames[0].line, frames[0].function) == (1143, "convert")
     assert frames[0].code.startswith("return t.to(device")

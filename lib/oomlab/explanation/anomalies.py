@@ -6,7 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlab.core.units import GiB, MiB, format_size
-from oomlab.explanation.message import OomMessage, format_interval, interval_sub
+from oomlab.explanation.backend import Backend, backend_terms
+from oomlab.explanation.message import OomMessage
+from oomlab.explanation.printed import format_interval
+from oomlab.explanation.processes import ProcessAccount
 from oomlab.explanation.request import is_segment_interval
 
 CUDA_CONTEXT_BYTES = (300 * MiB, 600 * MiB)  # NB: typical CUDA context + cuBLAS/cuDNN handles, driver-dependent
@@ -15,7 +18,11 @@ FREE_MARGIN_BYTES = 256 * MiB  # NB: cudaMalloc needs contiguous pages; a little
 
 OUTSIDE_FLAG_BYTES = 1 * GiB  # "far above a CUDA context": flag memory outside the allocator above this
 
+HOST_REQUEST_FLAG_BYTES = 1024 * GiB  # NB: a single host allocation of 1 TiB or more is no model tensor
+
 _EXACT_LIMIT = 2**50  # beyond this, torch's double-based format_size cannot be inverted exactly
+
+TOLD_IN_VERDICT = ("truncated", "unreadable", "multiple_messages", "scanned_tail")  # the verdict words these itself
 
 
 @dataclass(frozen=True)
@@ -25,24 +32,44 @@ class Anomaly:
     code: str  # short, stable: "allocated_above_total"
     text: str  # one or two plain sentences
 
-def outside_split(msg: OomMessage) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """New format with "this process has U in use": (U − reserved, total − free − U), clamped at 0."""
-    reserved = msg.reserved_low_high
-    if msg.in_use is None or reserved is None or msg.total is None or msg.free is None:
-        return None
-    own = interval_sub((msg.in_use.low_bytes, msg.in_use.high_bytes), reserved)
-    others = interval_sub(interval_sub((msg.total.low_bytes, msg.total.high_bytes),
-                                         (msg.free.low_bytes, msg.free.high_bytes)),
-                           (msg.in_use.low_bytes, msg.in_use.high_bytes))
-    return (max(own[0], 0), max(own[1], 0)), (max(others[0], 0), max(others[1], 0))
 
-def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: Any) -> list[Anomaly]:
+def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: Any,
+                   account: ProcessAccount | None = None) -> list[Anomaly]:
+    """The remarks on ``msg``: every backend's (cut, unreadable, retyped, repeated), then its own backend's."""
     out: list[Anomaly] = []
-    t, total, alloc = msg.tried, msg.total, msg.allocated
-    reserved = msg.reserved_low_high
     if msg.missing:
         out.append(Anomaly("truncated", "The message is cut off or edited: it lacks "
                            + ", ".join(msg.missing) + "; what follows uses only the figures present."))
+    if msg.unreadable:
+        out.append(Anomaly("unreadable", "Unreadable figures (not a size as torch prints it): "
+                           + "; ".join(f"{u.name} reads {u.text!r}" for u in msg.unreadable) + "."))
+    if msg.backend is Backend.MPS:
+        out += _mps_anomalies(msg)
+    elif msg.backend is Backend.CPU:
+        out += _cpu_anomalies(msg)
+    else:
+        out += _device_anomalies(msg, outside, gpu, account)
+    if gpu is not None and msg.backend not in (None, Backend.CUDA):
+        out.append(Anomaly("backend_mismatch",
+                           f"--gpu {gpu.name} names an NVIDIA GPU, but {msg.backend.article} {msg.backend.value} "
+                           "allocator wrote this "
+                           "message: its figures are not that GPU's."))
+    if msg.occurrences > 1:
+        out.append(Anomaly("multiple_messages",
+                           f"The input holds {msg.occurrences} OOM messages; the most complete (the last on ties) "
+                           "is decoded."))
+    if msg.scanned_tail:
+        out.append(Anomaly("scanned_tail", "The input is very long; only its last 4,000,000 characters were read."))
+    return out
+
+
+def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: Any,
+                      account: ProcessAccount | None) -> list[Anomaly]:
+    """The caching allocators' (CUDA, HIP, XPU) remarks."""
+    out: list[Anomaly] = []
+    terms = backend_terms(msg.backend)
+    t, total, alloc = msg.tried, msg.total, msg.allocated
+    reserved = msg.reserved_low_high
     if total is not None and alloc is not None and alloc.low_bytes > total.high_bytes:
         out.append(Anomaly("allocated_above_total",
                            f"{alloc.text} allocated exceeds the {total.text} total capacity: the driver is spilling "
@@ -61,16 +88,17 @@ def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: Any) -
         out.append(Anomaly("request_above_total", text))
     if t is not None and not is_segment_interval(t):
         out.append(Anomaly("tried_not_a_segment",
-                           f"{t.text} is no size the caching allocator asks cudaMalloc for (2 MiB, 20 MiB or a "
+                           f"{t.text} is no size the caching allocator asks {terms.malloc} for (2 MiB, 20 MiB or a "
                            "multiple of 2 MiB from 10 MiB): torch before 1.5 printed the request itself, or the "
                            "message was edited."))
     if msg.device_index not in (None, 0):
         out.append(Anomaly("device_not_zero",
                            f"The failure is on GPU {msg.device_index}, not GPU 0: in a multi-GPU job, check which "
-                           "rank or device this is (the index is relative to CUDA_VISIBLE_DEVICES)."))
+                           "rank or device this is (the index is relative to "
+                           f"{'HIP_VISIBLE_DEVICES' if msg.backend is Backend.HIP else 'CUDA_VISIBLE_DEVICES'})."))
     if msg.allowed is not None:
         text = (f"A cap of {msg.allowed.text} is set (torch.cuda.set_per_process_memory_fraction, or "
-                "per_process_memory_fraction in PYTORCH_CUDA_ALLOC_CONF): this process may reserve no more, "
+                f"per_process_memory_fraction in {terms.alloc_conf}): this process may reserve no more, "
                 "whatever the GPU has free.")
         if reserved is not None and t is not None and reserved[0] + t.low_bytes > msg.allowed.high_bytes:
             text += " Reserved memory plus the request exceeds the cap: the cap, not the GPU, refused it."
@@ -86,44 +114,77 @@ def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: Any) -
                            "system memory, or the message was edited)."))
     elif outside is not None and outside[0] > OUTSIDE_FLAG_BYTES:
         text = (f"{format_interval(outside)} of the GPU is held outside this process's PyTorch allocator, far above "
-                f"a CUDA context ({format_size(CUDA_CONTEXT_BYTES[0])}–{format_size(CUDA_CONTEXT_BYTES[1])}).")
-        split = outside_split(msg)
-        if split is not None:
-            own, others = split
-            text += (f" Of it, {format_interval(own)} is this process's own memory outside PyTorch (CUDA context, "
-                     f"cuBLAS/cuDNN workspaces, NCCL buffers, other libraries) and {format_interval(others)} is held "
-                     "by other processes.")
-        text += (" Usually that is another process on the GPU, or in a multi-GPU job every rank initialising CUDA "
-                 "(or putting tensors) on GPU 0 before calling torch.cuda.set_device(local_rank).")
+                f"{terms.context} with its {terms.handles} ({format_size(CUDA_CONTEXT_BYTES[0])}–"
+                f"{format_size(CUDA_CONTEXT_BYTES[1])}).")
+        text += (" Usually that is another process on the GPU, or in a multi-GPU job every rank initialising "
+                 f"{'HIP' if msg.backend is Backend.HIP else 'CUDA'} (or putting tensors) on GPU 0 before calling "
+                 "torch.cuda.set_device(local_rank).")
         out.append(Anomaly("outside_large", text))
-    if msg.processes:
-        listed = ", ".join(f"process {p.pid}: {p.memory.text}" for p in msg.processes)
-        text = f"NVML lists processes on this GPU ({listed})."
-        if msg.in_use is None and len(msg.processes) == 1:
-            text += (" No line says 'this process': in a container NVML shows this process under its host PID, "
-                     "so the listed process may be this one.")
-        out.append(Anomaly("other_processes", text))
+    if account is not None:
+        out += _process_anomalies(account, terms.process_lister)
     if msg.private_pools is not None and msg.private_pools.high_bytes > 0:
         out.append(Anomaly("private_pools",
-                           f"{msg.private_pools.text} is allocated in private pools (CUDA Graphs / torch.compile "
+                           f"{msg.private_pools.text} is allocated in private pools ({terms.graphs} / torch.compile "
                            "'reduce-overhead'): memory the ordinary cache cannot reuse."))
-    if msg.backend == "HIP":
-        out.append(Anomaly("hip_backend", "A ROCm (HIP) build: the same caching-allocator rules and figures apply."))
+    if msg.backend is Backend.HIP:
+        out.append(Anomaly("hip_backend", "A ROCm (HIP) build: the same caching-allocator rules and figures apply, "
+                           "with hipMalloc and the HIP runtime in place of cudaMalloc and CUDA."))
+    if msg.backend is Backend.XPU:
+        out.append(Anomaly("xpu_backend", "An Intel XPU build: its caching allocator keeps CUDA's block and segment "
+                           "sizes, so the request range and fragmentation read the same."))
     odd = [s.text for s in (t, total, msg.free, alloc, msg.reserved, msg.reserved_unallocated, msg.in_use)
            if s is not None and not s.canonical and s.value_bytes < _EXACT_LIMIT]
     if odd:
         out.append(Anomaly("not_torch_format",
                            f"{', '.join(odd)} is not how torch prints sizes (two decimals, KiB/MiB/GiB): the message "
                            "was retyped or edited, so its intervals are wider."))
-    if gpu is not None and total is not None and not total.low_bytes <= gpu.total_memory_bytes <= total.high_bytes:
+    if (gpu is not None and total is not None and msg.backend in (None, Backend.CUDA)
+            and not total.low_bytes <= gpu.total_memory_bytes <= total.high_bytes):
         out.append(Anomaly("gpu_mismatch",
                            f"A {gpu.display_name} reports {format_size(gpu.total_memory_bytes)}, not the message's "
                            f"{total.text}: the message comes from another GPU, or this one under another "
                            "driver, ECC setting or MIG slice."))
-    if msg.occurrences > 1:
-        out.append(Anomaly("multiple_messages",
-                           f"The input holds {msg.occurrences} OOM messages; the most complete (the last on ties) "
-                           "is decoded."))
-    if msg.scanned_tail:
-        out.append(Anomaly("scanned_tail", "The input is very long; only its last 4,000,000 characters were read."))
+    return out
+
+
+def _process_anomalies(account: ProcessAccount, lister: str) -> list[Anomaly]:
+    out: list[Anomaly] = []
+    if account.others:
+        listed = ", ".join(f"process {p.pid}: {p.memory.text}" for p in account.others)
+        out.append(Anomaly("other_processes", f"Other processes hold memory on this GPU ({listed}), as {lister} "
+                           "lists them: memory this process cannot have."))
+    if account.candidates:
+        pids = ", ".join(f"{p.pid} ({p.memory.text})" for p in account.candidates)
+        out.append(Anomaly("ambiguous_processes",
+                           f"{account.listed} processes are listed and none is called 'this process' (a container "
+                           f"shows host PIDs): this one is one of {pids}, each holding at least its reserved memory, "
+                           "so its memory in use, its memory outside PyTorch and the other processes' share are "
+                           "ambiguous; total − free − reserved, the memory outside its allocator, is not."))
+    return out
+
+
+def _mps_anomalies(msg: OomMessage) -> list[Anomaly]:
+    out: list[Anomaly] = []
+    mps = msg.mps
+    sizes = [s for s in (msg.tried, *(() if mps is None else (mps.allocated, mps.other_allocations, mps.max_allowed)))
+             if s is not None]
+    odd = [s.text for s in sizes if not s.canonical]
+    if odd:
+        out.append(Anomaly("not_torch_format", f"{', '.join(odd)} is not how the MPS allocator prints sizes (two "
+                           "decimals): the message was retyped or edited, so its intervals are wider."))
+    if mps is not None and mps.max_allowed is None and not msg.missing:
+        out.append(Anomaly("watermark_disabled",
+                           "No 'max allowed' figure: the high-watermark limit is off (PYTORCH_MPS_HIGH_WATERMARK_RATIO"
+                           "=0.0), so Metal itself refused the heap — unified memory was exhausted, and macOS was "
+                           "likely swapping."))
+    return out
+
+
+def _cpu_anomalies(msg: OomMessage) -> list[Anomaly]:
+    out: list[Anomaly] = []
+    if msg.tried is not None and msg.tried.low_bytes >= HOST_REQUEST_FLAG_BYTES:
+        out.append(Anomaly("request_huge",
+                           f"A single host allocation of {format_size(msg.tried.value_bytes)}: no host has that; a "
+                           "shape is far larger than intended (a size computed from the wrong dimension, or an "
+                           "overflow)."))
     return out

@@ -10,7 +10,8 @@ from typing import Any
 
 from oomlab.core.models import load_model
 from oomlab.core.units import format_size
-from oomlab.explanation.message import OomMessage, PrintedSize
+from oomlab.explanation.message import OomMessage
+from oomlab.explanation.printed import PrintedSize
 from oomlab.explanation.request import segment_bytes
 from oomlab.reproduction.walk import unlimited_walk
 
@@ -35,6 +36,7 @@ class Candidate:
     roles: tuple[str, ...]  # their names with the layer index as N: "model.layers.N.mlp.gate_proj.weight"
     layers: tuple[int, ...]  # decoder layer indices they sit in
     evidence: tuple[str, ...]  # why this rank
+
 
 @dataclass(frozen=True)
 class WalkPosition:
@@ -63,12 +65,15 @@ class WalkPosition:
     def moved_fraction(self) -> float:
         return self.moved_parameters / self.total_parameters if self.total_parameters else 0.0
 
+
 def _layer_of(name: str) -> int | None:
     m = re.search(r"\.layers?\.(\d+)\.", name) or re.search(r"\.h\.(\d+)\.", name)
     return int(m.group(1)) if m else None
 
+
 def _roles(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(re.sub(r"\.(\d+)\.", ".N.", n) for n in names))
+
 
 def tensor_candidates(
     msg: OomMessage, model: str, dtype: str | None = None, gpu_bf16: bool | None = None,
@@ -123,8 +128,10 @@ def tensor_candidates(
         for i, (_, _, shape, dt, kind, nbytes, names, layers, evidence) in enumerate(scored)
     )
 
+
 def _contains(size: PrintedSize | None, value: int) -> bool:
     return size is None or size.low_bytes <= value <= size.high_bytes
+
 
 def walk_position(msg: OomMessage, model: str, dtype: str, outside: tuple[int, int] | None) -> WalkPosition | None:
     """Replay ``model.to('cuda')`` in ``dtype`` on an unlimited device; find the copy the message describes.

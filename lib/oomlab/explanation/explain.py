@@ -1,18 +1,24 @@
-"""Explain a CUDA out-of-memory message the way an expert reads it, saying only what it supports.
+"""Explain an out-of-memory message the way an expert reads it, saying only what it supports.
 
-``explain(text, model=..., gpu=..., dtype=...)`` decodes the message (:mod:`.message`) and its traceback
-(:mod:`.frames`), then:
+``explain(text, model=..., gpu=..., dtype=...)`` decodes the message (:mod:`.message`: CUDA, ROCm/HIP, XPU, MPS or
+the CPU allocator's) and its traceback (:mod:`.frames`), then:
 
 * the request: "Tried to allocate" is the segment asked of cudaMalloc, so it names a range of request sizes,
   not one tensor size (:mod:`.request`);
 * fragmentation (reserved − allocated) and whether the message's own hint can help;
-* memory outside this process's allocator (total − free − reserved) against a CUDA context's size;
+* memory outside this process's allocator (total − free − reserved) against a CUDA context's size, and which
+  listed process is this one (:mod:`.processes`);
 * anomalies (allocated above capacity, a request above capacity, device ≠ 0, an ``allowed`` cap …:
   :mod:`.anomalies`);
 * with a model: the parameter tensors and dtypes whose segment prints as the request, and, when the
   traceback shows ``Module._apply``, where the allocated figure falls along the ``_apply`` walk (:mod:`.candidates`);
 * the torch releases whose ``module.py`` line numbers match the traceback (:mod:`.torch_versions`);
-* the phase (moving, loading, forward, backward, optimizer step) the traceback's frames show (:mod:`.phase`).
+* the phase (moving, loading, forward, backward, optimizer step) the traceback's frames show (:mod:`.phase`);
+* the next command to run, prefilled (:mod:`.next_step`).
+
+MPS and CPU messages carry other figures (no segments, no device capacity): the request, the phase and the
+backend's own figures are read; the CUDA-specific readings (segments, candidates, the ``_apply`` walk, GPU specs)
+are not made.
 
 The findings are data (:class:`~.findings.Findings`); the verdict is written from them (:mod:`.verdict`); an
 :class:`Explanation` is both; :func:`oomlab.explanation.display.render_explanation` formats it.
@@ -24,14 +30,19 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from oomlab.core.dtypes import load_dtype
+from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import known_gpus, load_gpu
 from oomlab.core.models import load_model
 from oomlab.explanation.anomalies import find_anomalies
+from oomlab.explanation.backend import Backend
 from oomlab.explanation.candidates import Candidate, tensor_candidates, walk_position
 from oomlab.explanation.findings import Findings
 from oomlab.explanation.frames import parse_traceback
-from oomlab.explanation.message import PrintedSize, interval_sub, parse_oom_message
+from oomlab.explanation.message import OomMessage, parse_oom_message
+from oomlab.explanation.next_step import next_step
 from oomlab.explanation.phase import detect_phase
+from oomlab.explanation.printed import PrintedSize, interval_sub
+from oomlab.explanation.processes import account_processes
 from oomlab.explanation.request import request_range
 from oomlab.explanation.torch_versions import match_torch_versions, observe_module_lines
 from oomlab.explanation.verdict import compose_verdict
@@ -48,25 +59,34 @@ class Explanation(Findings):
         return cls(**{f.name: getattr(findings, f.name) for f in fields(Findings)}, verdict=verdict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "verdict": self.verdict}
+        step = next_step(self)
+        return {**super().to_dict(), "verdict": self.verdict, "next_step": step.command,
+                "next_step_unknown": list(step.unknown)}
 
 
-def _gpu_matches(total: PrintedSize | None) -> tuple[str, ...]:
-    if total is None:
+def _gpu_matches(total: PrintedSize | None, backend: Backend | None) -> tuple[str, ...]:
+    """Shipped GPUs whose capacity prints as ``total`` (NVIDIA specs only: none for another backend)."""
+    if total is None or backend not in (None, Backend.CUDA):
         return ()
     return tuple(g for g in known_gpus() if total.low_bytes <= load_gpu(g).total_memory_bytes <= total.high_bytes)
 
-def explain(
-    text: str | bytes, model: str | None = None, gpu: str | None = None, dtype: str | None = None
-) -> Explanation:
-    """Decode the CUDA OOM message in ``text`` and say what it supports.
 
-    Raises :class:`NotAnOomMessageError` (an :class:`~oomlab.errors.OomlabError`) when ``text`` holds none,
-    and ``UnknownNameError`` for an unknown model, GPU or dtype — all checked before any work.
+def explain(
+    text: str | bytes, model: str | None = None, gpu: str | None = None, dtype: str | None = None,
+    gpus: int | None = None,
+) -> Explanation:
+    """Decode the out-of-memory message in ``text`` and say what it supports.
+
+    Raises :class:`NotAnOomMessageError` (an :class:`~oomlab.errors.OomlabError`) when ``text`` holds none, or
+    only a bare ``CUDA out of memory.`` without figures, and ``UnknownNameError`` for an unknown model, GPU or
+    dtype, and ``InvalidValueError`` for a ``gpus`` that is not a whole number ≥ 1 — all checked before any work.
+    ``gpus`` (GPUs per node, which no message states) only fills in the next step's command.
     """
     spec = load_model(model) if model is not None else None
     gpu_spec = load_gpu(gpu) if gpu is not None else None
     dt = load_dtype(dtype).name if dtype is not None else None
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise InvalidValueError(f"invalid gpus {gpus!r}; expected a whole number of GPUs >= 1, or None when unknown")
     msg = parse_oom_message(text)
     frames, sources = parse_traceback(text)
 
@@ -94,7 +114,8 @@ def explain(
         elif fragmentation[0] >= msg.tried.high_bytes:
             hint_can_help = True
 
-    gpu_matches = _gpu_matches(msg.total)
+    gpu_matches = _gpu_matches(msg.total, msg.backend)
+    caching = msg.backend is None or msg.backend.caching_allocator
     bf16 = gpu_spec.bf16 if gpu_spec is not None else (
         load_gpu(gpu_matches[0]).bf16 if len({load_gpu(g).bf16 for g in gpu_matches}) == 1 and gpu_matches else None)
     phase = detect_phase(frames)
@@ -103,7 +124,7 @@ def explain(
 
     walk = None
     candidates: tuple[Candidate, ...] = ()
-    if spec is not None:
+    if spec is not None and caching:
         candidates = tensor_candidates(msg, spec.name, dt, bf16)
         if phase is not None and phase.code == "move":
             replay = [dt] if dt else [c.dtype for c in candidates if c.dtype in ("float32", "float16", "bfloat16")]
@@ -114,12 +135,23 @@ def explain(
             if exact:
                 candidates = tensor_candidates(msg, spec.name, dt, bf16, tuple(exact))
 
-    anomalies = tuple(find_anomalies(msg, outside, gpu_spec))
+    processes = account_processes(msg)
+    anomalies = tuple(find_anomalies(msg, outside, gpu_spec, processes))
     findings = Findings(
         message=msg, model=spec.name if spec else None, gpu=gpu_spec.name if gpu_spec else None, dtype=dt,
-        request_range=request_range(msg.tried) if msg.tried is not None else (),
-        fragmentation=fragmentation, fragmentation_bytes=frag_bytes, outside=outside, outside_bytes=outside_bytes,
-        hint_can_help=hint_can_help, anomalies=anomalies, candidates=candidates, walk=walk, phase=phase,
-        torch_versions=versions, version_observations=observations, gpu_matches=gpu_matches, frames=frames,
+        gpus=gpus, request_range=_request_range(msg), fragmentation=fragmentation, fragmentation_bytes=frag_bytes,
+        outside=outside, outside_bytes=outside_bytes, processes=processes, hint_can_help=hint_can_help,
+        anomalies=anomalies, candidates=candidates, walk=walk, phase=phase, torch_versions=versions,
+        version_observations=observations, gpu_matches=gpu_matches, frames=frames,
     )
     return Explanation.of(findings, compose_verdict(findings, gpu_spec))
+
+
+def _request_range(msg: OomMessage) -> tuple[tuple[int, int], ...]:
+    """The request sizes behind "Tried to allocate": a segment's range (caching allocators), exact (CPU), or unknown
+    (MPS: Metal aligns a heap buffer to its own alignment, which the message does not print)."""
+    if msg.tried is None or msg.backend is Backend.MPS:
+        return ()
+    if msg.backend is Backend.CPU:
+        return ((msg.tried.low_bytes, msg.tried.high_bytes),)
+    return request_range(msg.tried)

@@ -1,16 +1,19 @@
 """What ``oomlab explain`` reads off a message: the figures' intervals, the request, fragmentation, memory outside
-PyTorch, anomalies, tensor candidates, the ``_apply`` walk position, the phase and the torch releases."""
+PyTorch, which listed process is this one, anomalies, tensor candidates, the ``_apply`` walk position, the phase and
+the torch releases."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from oomlab.explanation.anomalies import Anomaly, outside_split
+from oomlab.explanation.anomalies import Anomaly
 from oomlab.explanation.candidates import Candidate, WalkPosition
 from oomlab.explanation.frames import Frame
-from oomlab.explanation.message import OomMessage, PrintedSize
+from oomlab.explanation.message import OomMessage
 from oomlab.explanation.phase import TracebackPhase
+from oomlab.explanation.printed import PrintedSize
+from oomlab.explanation.processes import ProcessAccount
 
 
 @dataclass(frozen=True)
@@ -21,11 +24,13 @@ class Findings:
     model: str | None
     gpu: str | None
     dtype: str | None
+    gpus: int | None  # GPUs per node, when the caller knows it (a message names one GPU, never how many)
     request_range: tuple[tuple[int, int], ...]  # tensor sizes (bytes, inclusive) that give the "Tried to allocate"
     fragmentation: tuple[int, int] | None  # reserved − allocated, as an interval
     fragmentation_bytes: int | None
     outside: tuple[int, int] | None  # total − free − reserved, as an interval
     outside_bytes: int | None
+    processes: ProcessAccount  # which listed process is this one; its memory in use and outside PyTorch
     hint_can_help: bool | None  # whether max_split_size_mb / expandable_segments can help (None: cannot tell)
     anomalies: tuple[Anomaly, ...]
     candidates: tuple[Candidate, ...]
@@ -39,7 +44,8 @@ class Findings:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: every figure in bytes with its ``*_interval`` ([low, high], inclusive)."""
         m = self.message
-        data: dict[str, Any] = {"format": m.format, "backend": m.backend or None, "device_index": m.device_index}
+        data: dict[str, Any] = {"format": m.format, "backend": m.backend.value if m.backend else None,
+                                "device_index": m.device_index}
 
         def put(key: str, size: PrintedSize | None) -> None:
             data[f"{key}_bytes"] = None if size is None else size.value_bytes
@@ -62,7 +68,19 @@ class Findings:
         put("allowed", m.allowed)
         data["processes"] = [{"pid": p.pid, "bytes": p.memory.value_bytes, "interval": p.memory.interval,
                               "printed": p.memory.text} for p in m.processes]
+        acc = self.processes
+        data["this_process"] = None if acc.in_use is None else {
+            "pid": acc.pid, "basis": acc.basis.value if acc.basis else None, "in_use_bytes": acc.in_use.value_bytes,
+            "in_use_interval": acc.in_use.interval, "in_use_printed": acc.in_use.text}
+        data["this_process_candidates"] = [p.pid for p in acc.candidates]
+        data["ambiguous_figures"] = list(acc.ambiguous)
+        mps = m.mps
+        for key in ("mps_allocated", "other_allocations", "max_allowed"):
+            put(key, None if mps is None else getattr(mps, key.removeprefix("mps_")))
+        data["pool"] = None if mps is None else mps.pool
+        data["host_error"] = None if m.host is None else {"code": m.host.code, "reason": m.host.reason}
         data["missing"] = list(m.missing)
+        data["unreadable"] = [{"figure": u.name, "text": u.text} for u in m.unreadable]
         data["hint"] = m.hint
         data["hint_can_help"] = self.hint_can_help
         data["request_range"] = [list(r) for r in self.request_range]
@@ -70,11 +88,10 @@ class Findings:
         data["fragmentation_interval"] = list(self.fragmentation) if self.fragmentation else None
         data["outside_pytorch_bytes"] = self.outside_bytes
         data["outside_pytorch_interval"] = list(self.outside) if self.outside else None
-        split = outside_split(m)
-        data["non_pytorch_this_process_interval"] = list(split[0]) if split else None
-        data["other_processes_interval"] = list(split[1]) if split else None
+        data["non_pytorch_this_process_interval"] = list(acc.non_pytorch) if acc.non_pytorch else None
+        data["other_processes_interval"] = list(acc.other_processes) if acc.other_processes else None
         data["anomalies"] = [{"code": a.code, "text": a.text} for a in self.anomalies]
-        data["model"], data["gpu"], data["dtype"] = self.model, self.gpu, self.dtype
+        data["model"], data["gpu"], data["dtype"], data["gpus"] = self.model, self.gpu, self.dtype, self.gpus
         data["gpu_matches"] = list(self.gpu_matches)
         data["candidates"] = [
             {"rank": c.rank, "shape": list(c.shape), "dtype": c.dtype, "kind": c.kind, "tensor_bytes": c.tensor_bytes,

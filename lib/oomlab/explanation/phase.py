@@ -38,6 +38,7 @@ _CODE_HINTS = (
     (re.compile(r"\bmodel\w{0,20}\.(?:to|cuda)\("), "move"),
 )
 
+
 def _frame_phase(f: Frame) -> str | None:
     path = f.file.replace("\\", "/")
     if is_module_py(path) and f.function in {"_apply", "convert", "to", "cuda", "half", "float", "bfloat16"}:
@@ -55,6 +56,7 @@ def _frame_phase(f: Frame) -> str | None:
     if f.function in _FORWARD_FUNCS:
         return "forward"
     return None
+
 
 def detect_phase(frames: tuple[Frame, ...]) -> TracebackPhase | None:
     """The phase the outermost phase-telling frame shows (a forward inside a backward is recomputation)."""

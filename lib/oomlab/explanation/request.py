@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from oomlab.explanation.message import PrintedSize
+from oomlab.explanation.printed import PrintedSize
 from oomlab.reproduction.allocator import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,
@@ -45,6 +45,7 @@ def request_range(tried: PrintedSize) -> tuple[tuple[int, int], ...]:
             merged.append(r)
     return tuple(merged) if merged else ((low, high),)
 
+
 def is_segment_interval(tried: PrintedSize) -> bool:
     """Whether some size get_allocation_size can return prints as ``tried``."""
     low, high = tried.low_bytes, tried.high_bytes
@@ -52,6 +53,7 @@ def is_segment_interval(tried: PrintedSize) -> bool:
         return True
     first = K_ROUND_LARGE * math.ceil(max(low, K_MIN_LARGE_ALLOC) / K_ROUND_LARGE)
     return first <= high
+
 
 def segment_bytes(nbytes: int) -> int:
     return get_allocation_size(round_size(nbytes))

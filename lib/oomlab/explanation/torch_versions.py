@@ -25,6 +25,7 @@ class ModuleLines:
     verified: bool
     source: str  # how the row was verified
 
+
 @cache
 def load_module_lines() -> tuple[ModuleLines, ...]:
     """The shipped table of ``module.py`` line numbers per torch release."""
@@ -43,8 +44,10 @@ def load_module_lines() -> tuple[ModuleLines, ...]:
 
 _MODULE_PY = "torch/nn/modules/module.py"
 
+
 def is_module_py(path: str) -> bool:
     return path.replace("\\", "/").endswith(_MODULE_PY)
+
 
 def observe_module_lines(frames: tuple[Frame, ...], sources: tuple[SourceLine, ...]) -> tuple[tuple[str, int], ...]:
     """``(anchor, line)`` pairs the traceback shows for ``module.py``'s ``_apply``/``convert``/``to``.
@@ -75,6 +78,7 @@ def observe_module_lines(frames: tuple[Frame, ...], sources: tuple[SourceLine, .
             elif f.function == "to":
                 seen[("to_return", f.line)] = None
     return tuple(seen)
+
 
 def match_torch_versions(observations: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
     """Verified releases whose ``module.py`` has every observed anchor on the observed line."""
