@@ -1,9 +1,12 @@
-# Two entry points: `make report` and `make test`. Both create .venv if missing and install everything,
-# torch pinned to the 2.13.0 CPU build first (a loose torch requirement would pull a multi-GB CUDA build).
+# Two entry points: `make report` and `make test`. Both create .venv if missing and install everything at the
+# exact versions of constraints.txt (what the report was last built and tested with), torch pinned to the 2.13.0
+# CPU build first (a loose torch requirement would pull a multi-GB CUDA build).  Changing the lock reinstalls.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.oomlab-installed
+LOCK := constraints.txt
+PIP := $(PY) -m pip install --quiet -c $(LOCK)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export MPLBACKEND := Agg
@@ -12,12 +15,12 @@ export MPLBACKEND := Agg
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
-	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --no-build-isolation 'deepspeed>=0.14'
+	$(PIP) --upgrade pip setuptools
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev]'
+	DS_BUILD_OPS=0 $(PIP) --no-build-isolation 'deepspeed>=0.14'
 	touch $(STAMP)
 
 report: install

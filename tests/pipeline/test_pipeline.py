@@ -13,7 +13,7 @@ import pytest
 from oomlab.core.errors import OomlabError, PipelineError
 from oomlab.core.gpus import known_gpus
 from oomlab.core.models import known_models
-from oomlab.pipeline.params import PARAMETERS, parse_params, validate_params
+from oomlab.pipeline.params import PARAMETERS, parse_params, render_params_help, validate_params
 from oomlab.pipeline.runner import PipelineResult, notebook_paths, run_pipeline
 from oomlab.report.results import read_results, write_results
 
@@ -26,7 +26,7 @@ DEFAULTS = {
     "gpus": 4,
     "non_pytorch_mib": None,
     "device": "auto",
-    "message_format": "old",
+    "message_format": "auto",
     "precision": "fp16-mixed",
     "optimizer": "adamw",
     "batch": 1,
@@ -104,6 +104,43 @@ def test_parameters_are_the_documented_set() -> None:
     assert all(p.help for p in PARAMETERS.values())
 
 
+def _help_rows() -> dict[str, list[str]]:
+    """render_params_help's parameter lines, keyed by name, split into its columns (two spaces or more apart)."""
+    lines = render_params_help().splitlines()[2:]
+    return {line.split()[0]: re.split(r" {2,}", line.strip()) for line in lines}
+
+
+def test_params_help_has_one_line_per_parameter() -> None:
+    """The run epilog lists every parameter once, in registry order, after a title and a column header."""
+    lines = render_params_help().splitlines()
+    assert lines[0] == "parameters (-p KEY=VALUE, or KEY: VALUE lines in --params FILE.yaml):"
+    assert lines[1].split() == ["KEY", "TYPE", "DEFAULT", "MEANING"]
+    assert [line.split()[0] for line in lines[2:]] == list(PARAMETERS)
+
+
+@pytest.mark.parametrize(
+    ("name", "columns"),
+    [
+        ("gpus", ["gpus", "int >= 1", "4", "number of GPUs"]),
+        ("non_pytorch_mib", ["non_pytorch_mib", "float >= 0 or none", "none",
+                             "MiB held on the GPU outside PyTorch (None: measured/default)"]),  # nullable, bound 0
+        ("checkpointing", ["checkpointing", "bool", "false", "activation checkpointing in the user's configuration"]),
+        ("device", ["device", "str", "auto", "where to reproduce the failure; one of auto, simulated, cuda"]),
+        ("host_ram", ["host_ram", "str", "192GiB",
+                      "host RAM per node (assumed: a 4 x T4 g4dn.12xlarge has 192 GiB)"]),
+    ],
+)
+def test_params_help_line_shows_type_default_and_choices(name: str, columns: list[str]) -> None:
+    """Each line gives the name, the type with its bound, the default and the help with any choices."""
+    assert _help_rows()[name] == columns
+
+
+def test_params_help_defaults_parse_back() -> None:
+    """Every default the help shows, passed back as -p KEY=DEFAULT, gives the registry's default."""
+    for name, (_, _, shown, *_) in _help_rows().items():
+        assert parse_params([f"{name}={shown}"])[name] == PARAMETERS[name].default, name
+
+
 @pytest.mark.parametrize(
     ("pair", "key", "expected"),
     [
@@ -144,7 +181,7 @@ def test_pair_is_converted_to_declared_type(pair: str, key: str, expected: objec
         (["non_pytorch_mib=inf"], "parameter 'non_pytorch_mib' must be a finite number, got inf"),
         (["device=tpu"], "parameter 'device' must be one of auto, simulated, cuda; got 'tpu'"),
         (["message_format=torch3"],
-         "parameter 'message_format' must be one of torch<=2.0, torch>=2.1, old, new; got 'torch3'"),
+         "parameter 'message_format' must be one of auto, torch<=2.0, torch>=2.1, old, new; got 'torch3'"),
         (["gpu=h9000"], f"parameter 'gpu': unknown GPU 'h9000'; known: {', '.join(known_gpus())}"),
         (["model=gpt-5"], "parameter 'model': unknown model 'gpt-5'; known: "
          f"{', '.join(known_models())} (or give a path to a config.json)"),
@@ -363,15 +400,18 @@ def test_failing_notebook_raises_pipeline_error(tmp_path: Path) -> None:
     (out / "report.html").write_bytes(b"<html>previous report</html>")
     with pytest.raises(PipelineError) as info:
         run_pipeline({}, out_dir=out, notebooks_dir=notebooks, progress=False)
-    executed = out / "notebooks" / "02_broken.ipynb"
+    kept = tmp_path / ".out.failed"
+    executed = kept / "notebooks" / "02_broken.ipynb"
     assert str(info.value) == (
         "notebook 02_broken.ipynb failed at cell 4 ('# divide'): ZeroDivisionError: division by zero;"
-        f" the executed notebook is kept at {executed}"
+        f" the executed notebook is kept at {executed}; {out} is left as it was (the failed run is in {kept},"
+        " each kernel's own output under logs/)"
     )
     assert not isinstance(info.value, OomlabError)
     assert executed.is_file()
+    assert (kept / "logs" / "02_broken.log").is_file()
+    assert [p.name for p in out.iterdir()] == ["report.html"]
     assert (out / "report.html").read_bytes() == b"<html>previous report</html>"
-    assert not list(out.glob(".report.html*"))
 
 
 def test_cell_timeout_raises_pipeline_error(tmp_path: Path) -> None:
@@ -383,10 +423,12 @@ def test_cell_timeout_raises_pipeline_error(tmp_path: Path) -> None:
     (out / "report.html").write_bytes(b"old")
     with pytest.raises(PipelineError) as info:
         run_pipeline({}, out_dir=out, notebooks_dir=notebooks, progress=False, cell_timeout=3)
-    executed = out / "notebooks" / "01_slow.ipynb"
+    kept = tmp_path / ".out.failed"
+    executed = kept / "notebooks" / "01_slow.ipynb"
     assert str(info.value) == (
         "notebook 01_slow.ipynb failed at cell 3 ('import time'): CellTimeoutError: cell execution timed out"
-        f" after 3 s; the executed notebook is kept at {executed}"
+        f" after 3 s; the executed notebook is kept at {executed}; {out} is left as it was (the failed run is in"
+        f" {kept}, each kernel's own output under logs/)"
     )
     slow_cell = nbformat.read(executed, as_version=4).cells[-1]
     assert slow_cell.outputs[-1].ename == "CellTimeoutError"
@@ -428,5 +470,5 @@ def test_dead_kernel_raises_pipeline_error(tmp_path: Path) -> None:
     with pytest.raises(PipelineError) as info:
         run_pipeline({}, out_dir=out, notebooks_dir=notebooks, progress=False, cell_timeout=30)
     assert str(info.value).startswith("notebook 01_dies.ipynb failed at cell 3 ('import os'): DeadKernelError")
-    dying_cell = nbformat.read(out / "notebooks" / "01_dies.ipynb", as_version=4).cells[-1]
+    dying_cell = nbformat.read(tmp_path / ".out.failed" / "notebooks" / "01_dies.ipynb", as_version=4).cells[-1]
     assert dying_cell.outputs[-1].ename == "DeadKernelError"

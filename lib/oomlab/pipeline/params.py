@@ -50,8 +50,8 @@ PARAMETERS: dict[str, Param] = {
         Param("non_pytorch_mib", float, None, "MiB held on the GPU outside PyTorch (None: measured/default)",
               minimum=0),
         Param("device", str, "auto", "where to reproduce the failure", choices=tuple(d.value for d in Device)),
-        Param("message_format", str, "old", "which PyTorch OOM message to print (old = torch<=2.0, new = torch>=2.1)",
-              choices=MESSAGE_FORMAT_NAMES),
+        Param("message_format", str, "auto", "which PyTorch OOM message to print: old = torch<=2.0, new = torch>=2.1, "
+              "auto = the seed's old one for the seed's case, else new", choices=("auto", *MESSAGE_FORMAT_NAMES)),
         Param("precision", str, "fp16-mixed", "training precision", choices=tuple(p.value for p in Precision)),
         Param("optimizer", str, "adamw", "optimizer", choices=tuple(o.value for o in Optimizer)),
         Param("batch", int, 1, "micro-batch per GPU", minimum=1),
@@ -126,6 +126,28 @@ def _check(param: Param, value: Any) -> Any:
         except OomlabError as err:
             raise InvalidValueError(f"parameter {param.name!r}: {err}") from err
     return value
+
+
+def _shown(value: Any) -> str:
+    """A default as ``-p`` accepts it back: ``none``, ``true``/``false``, else the value itself."""
+    if value is None:
+        return _NONE_WORDS[0]
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def render_params_help() -> str:
+    """The registry as help text (the ``run`` subcommand's epilog): one line per parameter -- name, type (with its
+    lower bound), default as ``-p`` accepts it, help and, where the values are a fixed set, the choices."""
+    rows = [(p.name, p.kind.__name__ + ("" if p.minimum is None else f" >= {p.minimum:g}")
+             + (" or none" if p.nullable else ""), _shown(p.default),
+             p.help + (f"; one of {', '.join(p.choices)}" if p.choices else "")) for p in PARAMETERS.values()]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [f"  {name:<{widths[0]}}  {kind:<{widths[1]}}  {default:<{widths[2]}}  {text}"
+             for name, kind, default, text in rows]
+    header = f"  {'KEY':<{widths[0]}}  {'TYPE':<{widths[1]}}  {'DEFAULT':<{widths[2]}}  MEANING"
+    return "\n".join(["parameters (-p KEY=VALUE, or KEY: VALUE lines in --params FILE.yaml):", header, *lines])
 
 
 def validate_params(raw: Mapping[str, Any]) -> dict[str, Any]:
