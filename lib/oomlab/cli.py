@@ -19,6 +19,7 @@ from oomlab.core.choices import MESSAGE_FORMAT_NAMES, Attention, Device, Method,
 from oomlab.core.errors import InvalidValueError, OomlabError, PipelineError
 from oomlab.core.setup import DEFAULT_HOST_RAM, LORA_TARGET_CHOICES
 from oomlab.core.units import parse_size
+from oomlab.pipeline.params import render_params_help
 from oomlab.remedies.launch_files import CONFIGS_DIR
 
 EXIT_BAD_INPUT = 2
@@ -58,10 +59,15 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default="t4", help="GPU spec name (default t4)")
     parser.add_argument("--gpus", type=_positive_int, default=1, help="GPUs per node (default 1)")
     parser.add_argument("--nodes", type=_positive_int, default=1, help="nodes (default 1)")
-    parser.add_argument("--strategy", choices=[s.value for s in Strategy], default="single")
+    parser.add_argument("--strategy", choices=[s.value for s in Strategy], default="single",
+                        help="the launch: single = one process; ddp = accelerate/torchrun DDP; fsdp = accelerate's "
+                        "default FSDP (fsdp_version 1); fsdp2 = accelerate fsdp_version 2; *-offload = with "
+                        "fsdp_offload_params; zero1/zero2 = DeepSpeed (default single)")
     parser.add_argument("--method", choices=[m.value for m in Method], default="full")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="fp16-mixed")
-    parser.add_argument("--optimizer", choices=[o.value for o in Optimizer], default="adamw")
+    parser.add_argument("--optimizer", choices=[o.value for o in Optimizer], default="adamw",
+                        help="adamw = torch.optim.AdamW as constructed by hand (foreach); adamw-fused = "
+                        "AdamW(fused=True), the HF Trainer's default (optim='adamw_torch_fused') (default adamw)")
     parser.add_argument("--batch", type=_positive_int, default=1, help="micro-batch per GPU (default 1)")
     parser.add_argument("--seq", type=_positive_int, default=2048, help="sequence length (default 2048)")
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each layer")
@@ -104,9 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--device", choices=[d.value for d in Device], default="auto",
                      help="auto: cuda if available, else simulated")
-    rep.add_argument("--message-format", choices=MESSAGE_FORMAT_NAMES, default=None,
-                     help="OOM message format of the simulated device: old = torch<=2.0 (default, the seed's), "
-                     "new = torch>=2.1")
+    rep.add_argument("--message-format", choices=("auto", *MESSAGE_FORMAT_NAMES), default="auto",
+                     help="OOM message format of the simulated device: old = torch<=2.0, new = torch>=2.1; "
+                     "auto (default) = old for the seed's case, which printed it, else new")
     rep.add_argument("--json", action="store_true", help="print the result as JSON")
 
     exp = sub.add_parser("explain", help="decode a CUDA out-of-memory message (and its traceback) and explain it")
@@ -145,12 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"also write the launch files (default folder {CONFIGS_DIR})")
     pln.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    run = sub.add_parser("run", help="run the notebooks with papermill and render outputs/report.html")
+    run = sub.add_parser("run", help="run the notebooks with papermill and render outputs/report.html",
+                         epilog=render_params_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--params", type=Path, default=None, help="YAML file of parameters")
     run.add_argument("-p", dest="pairs", action="append", default=[], metavar="KEY=VALUE",
                      help="a parameter (repeatable; overrides --params)")
     run.add_argument("--out", type=Path, default=None, help="output folder (default outputs/)")
-    run.add_argument("--no-progress", action="store_true", help="hide papermill's progress bars")
+    run.add_argument("--no-progress", action="store_true", help="hide papermill's progress bars under --verbose")
+    run.add_argument("--verbose", action="store_true",
+                     help="also show the kernels' own output, every cell's output and papermill's progress bars")
     return parser
 
 
@@ -257,11 +266,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from oomlab.core.paths import OUTPUTS_DIR
     from oomlab.pipeline.params import parse_params
-    from oomlab.pipeline.runner import run_pipeline
+    from oomlab.pipeline.runner import render_notebook_run, run_pipeline
 
     params = parse_params(args.pairs, args.params)
     out = args.out if args.out is not None else OUTPUTS_DIR
-    result = run_pipeline(params, out_dir=out, progress=not args.no_progress)
+    result = run_pipeline(params, out_dir=out, progress=args.verbose and not args.no_progress, verbose=args.verbose,
+                          on_notebook=lambda run: print(render_notebook_run(run), flush=True))
     print(f"report: {result.report_path}")
     return 0
 

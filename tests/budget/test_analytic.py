@@ -2,6 +2,7 @@
 
 import pytest
 
+from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.estimate import estimate
 from oomlab.budget.result import MemCategory, Phase, Source
 from oomlab.budget.states import (
@@ -136,7 +137,8 @@ def test_checkpointing_cuts_activations() -> None:
         ({"method": "qlora", "precision": "fp32"}, InvalidValueError, "precision 'fp32' is not a QLoRA setup"),
         ({"method": "lora", "lora_rank": 0}, InvalidValueError, "invalid LoRA rank 0; must be >= 1"),
         ({"strategy": "zero4"}, UnknownNameError, "unknown strategy 'zero4'; known: ddp, fsdp, fsdp-offload"),
-        ({"optimizer": "adam"}, UnknownNameError, "unknown optimizer 'adam'; known: adamw, adamw-8bit, sgd"),
+        ({"optimizer": "adam"}, UnknownNameError,
+         "unknown optimizer 'adam'; known: adamw, adamw-8bit, adamw-fused, sgd"),
         ({"batch": 0}, InvalidValueError, "invalid batch 0; must be an integer >= 1"),
         ({"source": "measured"}, UnknownNameError, "unknown source 'measured'; known: analytic, traced"),
         ({"method": "lora", "lora_targets": "qkv"}, UnknownNameError, "unknown LoRA target module 'qkv'"),
@@ -159,3 +161,32 @@ def test_top_level_estimate_api() -> None:
                   "fits", "headroom_bytes", "source"):
         assert hasattr(r, field), field
     assert r.fits and r.source is Source.ANALYTIC and r.per_gpu_peak_bytes > r.allocated_peak_bytes
+
+
+def test_qlora_dequantized_weight_inside_a_layer_backward() -> None:
+    """QLoRA's dequantized h x i weight counts inside a recomputed layer's backward where h exceeds the tokens
+    (13B at 2,048 tokens), and not where the tokens exceed h (the tiny measured rows)."""
+    from oomlab.budget import activations as act
+    from oomlab.budget import workspace
+    from oomlab.budget.step import tiny_setup
+
+    big = make_setup(model="llama-13b", gpu="a100-80gb", method="qlora", precision="bf16-mixed", seq=2048,
+                     checkpointing=True)
+    spec = big.model
+    tmp = workspace.recompute_gradient_bytes(big)
+    assert workspace.dequant_bytes(big) == 2 * spec.hidden_size * spec.intermediate_size + 4 * (
+        spec.hidden_size * spec.intermediate_size // 64)
+    expected = tmp - 2 * 2048 * spec.intermediate_size + workspace.dequant_bytes(big)
+    assert workspace.in_layer_backward_bytes(big, tmp) == expected > tmp
+    lora = big.with_(method="lora")
+    assert workspace.dequant_bytes(lora) == 0 and workspace.in_layer_backward_bytes(lora, tmp) == tmp
+    tiny = tiny_setup(method="qlora", precision="bf16-mixed", batch=4, seq=256, checkpointing=True)
+    assert workspace.in_layer_backward_bytes(tiny, workspace.recompute_gradient_bytes(tiny)) == \
+        workspace.recompute_gradient_bytes(tiny)
+    # and the budget's backward carries it where the recomputed layer is the backward's peak (512 tokens; at 2,048
+    # the loss's gradients outweigh it)
+    short = big.with_(seq=512)
+    backward = estimate_setup(short).phases[Phase.BACKWARD]
+    tmp = workspace.recompute_gradient_bytes(short)
+    assert backward[MemCategory.WORKSPACE] == act.layer_fixed_bytes(short) + workspace.in_layer_backward_bytes(
+        short, tmp) > act.layer_fixed_bytes(short) + tmp

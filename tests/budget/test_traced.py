@@ -107,7 +107,7 @@ def test_fsdp_shards_optimizer_state(world):
 
     # NB: the step counters (4 bytes per parameter tensor) are not sharded
     assert optstate(sharded) == pytest.approx(optstate(single) / world, rel=0.01)
-    assert sharded.method == "fsdp-memtracker-fake"
+    assert sharded.method == "fsdp1-memtracker-fake"
 
 
 def test_fsdp_offload_keeps_states_off_the_gpu_total():

@@ -26,5 +26,6 @@ def test_unknown_message_format_lists_the_names() -> None:
 def test_choice_accepts_values_in_any_case_and_lists_members() -> None:
     """A choice is looked up by its value (stripped, lower-cased); an unknown one lists every value."""
     assert choice(Strategy, " FSDP ", "strategy") is Strategy.FSDP
-    with pytest.raises(UnknownNameError, match=r"unknown strategy 'zero9'; known: ddp, fsdp, fsdp-offload, single"):
+    known = "ddp, fsdp, fsdp-offload, fsdp2, fsdp2-offload, single, zero1, zero2"
+    with pytest.raises(UnknownNameError, match=rf"unknown strategy 'zero9'; known: {known}"):
         choice(Strategy, "zero9", "strategy")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from oomlab.core.choices import Attention, Method, Precision
+from oomlab.core.choices import FSDP1_STRATEGIES, Attention, Method, Precision
 from oomlab.core.setup import TrainingSetup
 
 FP32 = 4  # bytes
@@ -32,15 +32,26 @@ class Regime(enum.Enum):
 
     FP32 = "fp32"  # fp32 weights, fp32 compute
     AUTOCAST = "autocast"  # torch.autocast to half around fp32 (full) or half (LoRA base) weights
-    HALF = "half"  # half weights, half compute, no autocast
+    HALF = "half"  # half weights, half compute, no autocast; peft's adapters stay fp32 (a cast per adapter)
+    POLICY = "policy"  # FSDP2's MixedPrecisionPolicy: every parameter gathered in half, adapters included
 
 
 def regime(setup: TrainingSetup) -> Regime:
+    """The regime a setup's forward runs in, as its launch sets it up (traces: tests/budget/test_agreement.py).
+
+    ``*-mixed`` under FSDP1 runs half weights (``MixedPrecision``) inside accelerate's autocast: full fine-tuning is
+    then the half regime (autocast casts nothing), LoRA the autocast regime (FSDP1 leaves the separately wrapped fp32
+    adapters to autocast).  Under FSDP2 the policy gathers every parameter in half.
+    """
     if setup.precision is Precision.FP32:
         return Regime.FP32
-    if setup.precision in (Precision.FP16_MIXED, Precision.BF16_MIXED):
-        return Regime.AUTOCAST
-    return Regime.HALF
+    if setup.precision not in (Precision.FP16_MIXED, Precision.BF16_MIXED):
+        return Regime.HALF
+    if setup.strategy in FSDP1_STRATEGIES:
+        return Regime.HALF if setup.method is Method.FULL else Regime.AUTOCAST
+    if setup.strategy.fsdp:
+        return Regime.POLICY
+    return Regime.AUTOCAST
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,7 @@ _INVENTORIES: dict[tuple, tuple[SavedTensor, ...]] = {}
 
 def layer_inventory(setup: TrainingSetup, first: bool = False) -> tuple[SavedTensor, ...]:
     """See :func:`_layer_inventory`; cached on what it depends on."""
-    key = ("layer", first, *_key(setup))
+    key = ("layer", first, regime(setup), *_key(setup))
     if key not in _INVENTORIES:
         _INVENTORIES[key] = _layer_inventory(setup, first)
     return _INVENTORIES[key]
@@ -124,15 +135,15 @@ def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ..
         targeted = [m for m in members if m in lora]
         for m in targeted:
             n_out = dims[m][1]
-            if r is Regime.FP32:
-                if not kept:  # adapters are fp32 like the input: the input itself is kept, once
-                    out.append(SavedTensor(f"{label}: adapter input", FP32 * n_in))
+            if r in (Regime.FP32, Regime.POLICY):
+                if not kept:  # adapters in the input's dtype: the input itself is kept, once
+                    out.append(SavedTensor(f"{label}: adapter input", input_bytes * n_in))
                     kept = True
             elif r is Regime.AUTOCAST:  # peft casts to fp32, autocast back to half: a new copy per adapter
                 out.append(SavedTensor(f"{m}: adapter input cast", HALF * n_in))
             else:  # peft casts the half input to the fp32 adapter: a copy per adapter
                 out.append(SavedTensor(f"{m}: adapter input cast", FP32 * n_in))
-            a_out = HALF if r is Regime.AUTOCAST else FP32
+            a_out = HALF if r in (Regime.AUTOCAST, Regime.POLICY) else FP32
             # autocast's half copies of B (for lora_A's output gradient) and of A (only when the input
             # itself needs a gradient)
             fixed = HALF * rank * (n_out + (n_in if grad else 0)) if r is Regime.AUTOCAST else 0
@@ -172,7 +183,7 @@ def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ..
 
 def model_inventory(setup: TrainingSetup) -> tuple[SavedTensor, ...]:
     """See :func:`_model_inventory`; cached on what it depends on."""
-    key = ("model", *_key(setup))
+    key = ("model", regime(setup), *_key(setup))
     if key not in _INVENTORIES:
         _INVENTORIES[key] = _model_inventory(setup)
     return _INVENTORIES[key]

@@ -11,19 +11,21 @@ Korthikanti et al. 2022's GPT formula).
 from __future__ import annotations
 
 from types import MappingProxyType
+from typing import Any
 
 from oomlab.budget.inventory import assemble_phases, take_inventory
 from oomlab.budget.result import BudgetResult, MemCategory, Source
 from oomlab.budget.states import (
+    DEEPSPEED_STRATEGIES,
     grad_bytes_per_param,
     optimizer_state_bytes_total,
     trainable_parameters,
     weight_bytes_total,
 )
-from oomlab.core.choices import Strategy
+from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Precision
 from oomlab.core.setup import TrainingSetup
-from oomlab.core.units import MiB
-from oomlab.reproduction.outside import seed_outside_bytes
+from oomlab.core.units import MiB, format_size
+from oomlab.reproduction.outside import case_outside
 
 ALLOCATOR_FRAGMENTATION = 0.05  # NB: reserved-but-unallocated share of transient memory (assumption)
 
@@ -36,11 +38,59 @@ def host_ram_bytes(setup: TrainingSetup) -> int:
     """
     per_process_load = weight_bytes_total(setup)
     offloaded = 0
-    if setup.strategy is Strategy.FSDP_OFFLOAD:
+    if setup.strategy.offloads:
         p = trainable_parameters(setup)
         offloaded = (weight_bytes_total(setup) + grad_bytes_per_param(setup) * p
                      + optimizer_state_bytes_total(setup)) // setup.nodes
     return setup.gpus * per_process_load + offloaded
+
+
+_OUTSIDE: dict[tuple, Any] = {}
+
+
+def _outside(setup: TrainingSetup) -> Any:
+    key = (setup.model.name, setup.gpu, setup.world_size)
+    if key not in _OUTSIDE:
+        _OUTSIDE[key] = case_outside(setup.model.name, setup.gpu, setup.world_size)
+    return _OUTSIDE[key]
+
+
+_OPTIMIZER_NOTES = {
+    Optimizer.ADAMW: "adamw: torch.optim.AdamW as constructed by hand (foreach on CUDA): one state-sized "
+                     "temporary (the sqrt of exp_avg_sq) in the step",
+    Optimizer.ADAMW_FUSED: "adamw-fused: AdamW(fused=True), the HF Trainer's default (adamw_torch_fused): no "
+                           "temporary in the step",
+    Optimizer.ADAMW_8BIT: "adamw-8bit: bitsandbytes AdamW8bit, two 1-byte moments plus block scales, updated in place",
+    Optimizer.SGD: "sgd: SGD with momentum, updated in place",
+}
+
+
+def launch_note(setup: TrainingSetup) -> str:
+    """What the setup's precision and optimizer mean for its launch (the budget's notes say it)."""
+    half = "bf16" if setup.precision.uses_bf16 else "fp16"
+    if setup.precision is Precision.FP32:
+        precision = "fp32: weights, gradients, optimizer state and compute in float32"
+    elif setup.precision not in (Precision.FP16_MIXED, Precision.BF16_MIXED):
+        precision = f"{setup.precision.value}: weights, gradients and optimizer state in {half}, no master weights"
+    elif setup.strategy in FSDP1_STRATEGIES:
+        precision = (f"{setup.precision.value} under accelerate's FSDP1: MixedPrecision(param, reduce, buffer = "
+                     f"{half}); trained flat parameters upcast to fp32 and sharded, gathered in {half}; accelerate's "
+                     "autocast finds nothing to cast; outputs converted to fp32")
+    elif setup.strategy.fsdp:
+        precision = (f"{setup.precision.value} under accelerate's FSDP2: MixedPrecisionPolicy(param, reduce, output = "
+                     f"{half}); trained parameters upcast to fp32 and sharded, gathered in {half}; no autocast")
+    elif setup.strategy in DEEPSPEED_STRATEGIES:
+        precision = f"{setup.precision.value} under DeepSpeed: {half} weights and an fp32 master copy"
+    else:
+        precision = (f"{setup.precision.value} under accelerate (or the HF Trainer): torch.autocast({half}) around the "
+                     "forward over fp32 weights, their half copies cached until the forward ends; outputs converted "
+                     "to fp32")
+    if setup.method is not Method.FULL and setup.precision is not Precision.FP32:
+        precision += f"; the frozen base stored in {half}, peft's adapters in fp32"
+    return precision + "; " + _OPTIMIZER_NOTES[setup.optimizer]
+
+
+_LAUNCH_NOTES: dict[tuple, str] = {}
 
 
 def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None) -> BudgetResult:
@@ -50,13 +100,22 @@ def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None) -> Bu
     peak_phase = max(phases, key=lambda p: sum(phases[p].values()))
     at_peak = {k: v for k, v in phases[peak_phase].items() if v}
     transient = sum(at_peak.values()) - inventory.states.persistent
-    outside = seed_outside_bytes() if outside_bytes is None else outside_bytes
+    if outside_bytes is None:
+        shipped = _outside(setup)
+        outside = shipped.total_bytes
+        outside_note = f"outside PyTorch: {format_size(outside)} -- {shipped.source}"
+    else:
+        outside, outside_note = outside_bytes, f"outside PyTorch: {format_size(outside_bytes)} (given)"
     components = dict(at_peak)
     components[MemCategory.ALLOCATOR_OVERHEAD] = round(ALLOCATOR_FRAGMENTATION * transient) + 2 * MiB
     components[MemCategory.OUTSIDE_PYTORCH] = outside
+    key = (setup.strategy, setup.precision, setup.method, setup.optimizer)
+    if key not in _LAUNCH_NOTES:
+        _LAUNCH_NOTES[key] = launch_note(setup)
     notes = (
+        _LAUNCH_NOTES[key],
         "steady-state step: optimizer state exists from the previous step; gradients set to None after it",
-        f"outside PyTorch: {outside} bytes (CUDA context; default derived from the seed's T4 message)",
+        outside_note,
         f"allocator overhead: {ALLOCATOR_FRAGMENTATION:.0%} of transient bytes + 2 MiB (assumption)",
     )
     return BudgetResult(

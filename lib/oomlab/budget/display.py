@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from oomlab.budget.agreement import NotTraced
 from oomlab.budget.estimate import estimate
 from oomlab.budget.result import ALLOCATED, BudgetResult
 from oomlab.budget.small_scale import SMALL_CASES, compare_small
@@ -64,12 +65,13 @@ def capacity_rows(gpu: Any, gpus: int, outside_bytes: int) -> list[list[str]]:
         ["nvidia-smi total (MiB, read as 'MB')", f"{gpu.nvidia_smi_total_mib} MiB",
          f"{gpus * gpu.nvidia_smi_total_mib:,} MiB = {gpus * smi / 1e9:.1f} GB"],
         ["torch total capacity", format_size(gpu.total_memory_bytes), format_size(gpus * gpu.total_memory_bytes)],
-        ["held outside PyTorch (CUDA context)", format_size(outside_bytes), format_size(gpus * outside_bytes)],
+        ["held outside PyTorch (CUDA context, NCCL)", format_size(outside_bytes), format_size(gpus * outside_bytes)],
         ["usable by one process's tensors", format_size(usable), format_size(gpus * usable)],
         ["largest model state one process can hold", format_size(usable), format_size(usable) + " (not summed)"],
     ]
 
 CAPACITY_HEADERS = ["", "per GPU", "all GPUs"]
+
 
 def bytes_per_parameter_rows(model: str = "llama-13b") -> list[list[str]]:
     """Bytes per parameter of the model states for full fine-tuning, by precision and optimizer.
@@ -96,6 +98,7 @@ def bytes_per_parameter_rows(model: str = "llama-13b") -> list[list[str]]:
 BYTES_PER_PARAMETER_HEADERS = ["framework", "precision", "optimizer", "weights", "gradients", "master weights",
                                "optimizer state", "total B/param"]
 
+
 def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: str, batch: int, seq: int,
                   checkpointing: bool, attention: str, lora_rank: int) -> list[tuple[str, dict[str, Any]]]:
     """The user's configuration and its usual variants, as ``estimate`` keyword arguments."""
@@ -105,16 +108,20 @@ def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: st
     ddp = "ddp" if gpus > 1 else "single"
     return [
         (f"as configured: full fine-tune, a replica per GPU ({ddp})", {**base, "strategy": ddp, "method": "full"}),
-        (f"FSDP full shard over {gpus} GPUs", {**base, "strategy": "fsdp", "method": "full"}),
-        (f"FSDP over {gpus} + checkpointing", {**base, "strategy": "fsdp", "method": "full", "checkpointing": True}),
-        (f"FSDP + CPU offload over {gpus}", {**base, "strategy": "fsdp-offload", "method": "full",
-                                              "checkpointing": True}),
+        (f"accelerate FSDP (FSDP1) full shard over {gpus} GPUs", {**base, "strategy": "fsdp", "method": "full"}),
+        (f"accelerate FSDP (FSDP1) over {gpus} + checkpointing",
+         {**base, "strategy": "fsdp", "method": "full", "checkpointing": True}),
+        (f"accelerate FSDP2 over {gpus} + checkpointing",
+         {**base, "strategy": "fsdp2", "method": "full", "checkpointing": True}),
+        (f"accelerate FSDP (FSDP1) + CPU offload over {gpus}",
+         {**base, "strategy": "fsdp-offload", "method": "full", "checkpointing": True}),
         ("LoRA, a replica per GPU", {**base, "strategy": ddp, "method": "lora"}),
         ("LoRA + checkpointing, replica", {**base, "strategy": ddp, "method": "lora", "checkpointing": True}),
         ("QLoRA + checkpointing, replica", {**base, "strategy": ddp, "method": "qlora", "checkpointing": True}),
-        (f"LoRA + checkpointing, FSDP over {gpus}", {**base, "strategy": "fsdp", "method": "lora",
-                                                     "checkpointing": True}),
+        (f"LoRA + checkpointing, accelerate FSDP (FSDP1) over {gpus}",
+         {**base, "strategy": "fsdp", "method": "lora", "checkpointing": True}),
     ]
+
 
 def budget_variants(variants: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, BudgetResult]]:
     """Analytic budgets of the variants that are valid on this hardware."""
@@ -126,11 +133,25 @@ def budget_variants(variants: list[tuple[str, dict[str, Any]]]) -> list[tuple[st
             continue
     return out
 
-def agreement_rows(committed: dict[str, Any]) -> list[list[str]]:
-    return [[r["setup"], format_size(r["analytic_peak_bytes"]), format_size(r["traced_peak_bytes"]),
-             f"{r['ratio']:.4f}", f"{r['analytic_phase']} / {r['traced_phase']}"] for r in committed["rows"]]
 
-AGREEMENT_HEADERS = ["setup", "analytic", "traced", "ratio", "phase (analytic / traced)"]
+def agreement_rows(committed: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for r in committed["rows"]:
+        name, delta = r["worst_component"]
+        rows.append([r["setup"], format_size(r["analytic_peak_bytes"]), format_size(r["traced_peak_bytes"]),
+                     f"{r['ratio']:.4f}", f"{r['analytic_phase']} / {r['traced_phase']}", f"{name} {delta:+.2%}"])
+    return rows
+
+AGREEMENT_HEADERS = ["setup", "analytic", "traced", "ratio", "phase (analytic / traced)",
+                     "worst component (of the peak)"]
+
+
+def analytic_only_rows(committed: dict[str, Any]) -> list[list[str]]:
+    return [[r["setup"], format_size(r["analytic_peak_bytes"]), r["analytic_phase"], NotTraced[r["reason"]].value]
+            for r in committed["analytic_only"]]
+
+ANALYTIC_ONLY_HEADERS = ["setup", "analytic", "phase", "why not traced"]
+
 
 def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
     """Markdown: what the configured setup needs, what breaks it, and which variants fit."""
@@ -162,6 +183,7 @@ SMALL_LIVE_CASES = ("full fp16-mixed AdamW", "LoRA r8 fp16-mixed AdamW, checkpoi
                     "QLoRA r8 bf16-mixed AdamW (NF4, double quant)")
 
 SMALL_HEADERS = ["tiny setup (trained for real on CPU)", "analytic", "measured", "ratio", "peak phase"]
+
 
 def small_scale_rows(labels: Sequence[str] = SMALL_LIVE_CASES) -> list[list[str]]:
     """Measure a few tiny setups for real now (seconds each) and set the analytic figure beside each."""

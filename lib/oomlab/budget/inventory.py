@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from oomlab.budget import activations as act
 from oomlab.budget import states, workspace
+from oomlab.budget.fsdp import fsdp_phases
 from oomlab.budget.result import MemCategory, Phase
-from oomlab.budget.workspace import GatherPoint
 from oomlab.core.choices import Method
 from oomlab.core.setup import TrainingSetup
 
@@ -33,9 +33,7 @@ class ModelStates:
     optimizer_state: int
     optimizer_temps: int  # inside optimizer.step()
     ddp_buckets: int
-    gather_forward: int  # FSDP buffers at the end of forward
-    gather_backward_start: int
-    gather_backward: int  # inside a trained layer's backward
+    grad_bytes: int  # bytes per trained parameter of its gradient
 
     @property
     def persistent(self) -> int:
@@ -79,9 +77,7 @@ def model_states(setup: TrainingSetup) -> ModelStates:
             weights=states.weights_on_gpu(setup), gradients=states.gradients_on_gpu(setup),
             master_weights=states.master_weights_on_gpu(setup), optimizer_state=states.optimizer_on_gpu(setup),
             optimizer_temps=states.optimizer_temp_bytes(setup), ddp_buckets=workspace.ddp_bucket_bytes(setup),
-            gather_forward=workspace.fsdp_gather_bytes(setup, GatherPoint.FORWARD),
-            gather_backward_start=workspace.fsdp_gather_bytes(setup, GatherPoint.BACKWARD_START),
-            gather_backward=workspace.fsdp_gather_bytes(setup, GatherPoint.BACKWARD),
+            grad_bytes=states.grad_bytes_per_param(setup),
         )
     return found
 
@@ -97,7 +93,8 @@ def step_tensors(setup: TrainingSetup) -> StepTensors:
         # plus the recomputed (top) layer's whole inventory and its gradient temporaries
         inputs = setup.model.num_hidden_layers * act.checkpoint_layer_bytes(setup) + act.rope_bytes(setup)
         recompute_acts = inputs + act.layer_activation_bytes(setup)
-        recompute_fixed = act.layer_fixed_bytes(setup) + workspace.recompute_gradient_bytes(setup)
+        recompute_fixed = act.layer_fixed_bytes(setup) + workspace.in_layer_backward_bytes(
+            setup, workspace.recompute_gradient_bytes(setup))
     return StepTensors(
         layer_activations=saved - loss_saved, autocast_copies=act.autocast_copy_bytes(setup),
         autocast_cache=act.autocast_cache_bytes(setup), logits=lg["logits"], logits_fp32=lg["fp32 copy"],
@@ -113,6 +110,10 @@ def take_inventory(setup: TrainingSetup) -> Inventory:
 def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[MemCategory, int]]:
     """Allocated bytes by category in each phase, each phase at its own largest moment."""
     s, t = inventory.states, inventory.tensors
+    if setup.strategy.fsdp:
+        return fsdp_phases(setup, s.weights, s.master_weights, s.optimizer_state, s.gradients, s.optimizer_temps,
+                           s.grad_bytes, t.layer_activations, {"logits": t.logits, "fp32 copy": t.logits_fp32,
+                                                                "log_softmax": t.log_softmax, "grad": t.loss_grad})
     held = {MemCategory.WEIGHTS: s.weights, MemCategory.MASTER_WEIGHTS: s.master_weights,
             MemCategory.OPTIMIZER_STATE: s.optimizer_state}
     buckets = s.ddp_buckets
@@ -122,22 +123,17 @@ def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, d
         MemCategory.LOGITS_LOSS: t.logits + t.logits_fp32 + t.log_softmax,
         # autocast's cache holds every weight's half copy until the outermost autocast exits (end of
         # forward), checkpointed or not
-        MemCategory.WORKSPACE: max(t.autocast_copies, t.autocast_cache) + buckets + s.gather_forward,
+        MemCategory.WORKSPACE: max(t.autocast_copies, t.autocast_cache) + buckets,
     }
     candidates = [
         {  # start: the loss gradients, every saved tensor still held
             **held,
             MemCategory.ACTIVATIONS: t.layer_activations,
             MemCategory.LOGITS_LOSS: t.log_softmax + 2 * t.loss_grad,
-            MemCategory.WORKSPACE: t.autocast_copies + buckets + s.gather_backward_start,
-        },
-        {  # a trained layer's backward under FSDP: its buffers, activations not yet freed
-            **held,
-            MemCategory.ACTIVATIONS: t.layer_activations,
-            MemCategory.WORKSPACE: t.autocast_copies + buckets + s.gather_backward,
+            MemCategory.WORKSPACE: t.autocast_copies + buckets,
         },
         {  # end: every gradient held, activations freed
-            **held, MemCategory.GRADIENTS: s.gradients, MemCategory.WORKSPACE: buckets + s.gather_backward,
+            **held, MemCategory.GRADIENTS: s.gradients, MemCategory.WORKSPACE: buckets,
         },
     ]
     if setup.checkpointing:
@@ -146,7 +142,7 @@ def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, d
         # their inputs are freed; the end-of-backward candidate covers the bottom of that range.
         trained = s.gradients if setup.method is not Method.FULL else 0
         candidates.append({**held, MemCategory.ACTIVATIONS: t.recompute_activations, MemCategory.GRADIENTS: trained,
-                           MemCategory.WORKSPACE: t.recompute_workspace + buckets + s.gather_backward})
+                           MemCategory.WORKSPACE: t.recompute_workspace + buckets})
     backward = max(candidates, key=lambda d: sum(d.values()))
     optimizer = {**held, MemCategory.GRADIENTS: s.gradients, MemCategory.WORKSPACE: buckets + s.optimizer_temps}
     return {Phase.FORWARD: forward, Phase.BACKWARD: backward, Phase.OPTIMIZER: optimizer}

@@ -37,6 +37,7 @@ from typing import Any
 from oomlab.budget.result import Phase
 from oomlab.budget.step import (
     BACKWARD_DONE,
+    accelerate_autocast,
     apply_lora,
     build_model,
     library_versions,
@@ -145,6 +146,9 @@ def qlora_model(setup: TrainingSetup) -> Any:
     if setup.checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model = apply_lora(model, setup, adapters_fp32=True)
+    autocast = step_dtypes(setup).autocast
+    if autocast is not None:  # a mixed precision under accelerate: its autocast wrap, as build_model does
+        accelerate_autocast(model, autocast)
     model.train()
     return model
 
@@ -202,7 +206,6 @@ def _measure(setup: TrainingSetup, steps: int, wrap: Any = None) -> TraceResult:
     start = time.perf_counter()
     gc.collect()  # no garbage from earlier work freed during the measured step
     model = real_model(setup)
-    dtypes = step_dtypes(setup)
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, setup.model.vocab_size, (setup.batch, setup.seq), generator=generator)
     baseline = resident_bytes(model, input_ids)
@@ -212,11 +215,11 @@ def _measure(setup: TrainingSetup, steps: int, wrap: Any = None) -> TraceResult:
     with real_data_decisions(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, tracker:
         step_model = model if wrap is None else wrap(model)
         optimizer = make_optimizer(setup, trainable_tensors(model))
-        run_step(step_model, optimizer, input_ids, dtypes.autocast, tracker.mark)
+        run_step(step_model, optimizer, input_ids, tracker.mark)
     allocated_peak = baseline + _allocator_peak(prof)
     with real_data_decisions():
         for _ in range(steps - 1):
-            run_step(step_model, optimizer, input_ids, dtypes.autocast)
+            run_step(step_model, optimizer, input_ids)
     by_category = dict(tracker.peak_snapshot)
     by_category["untracked"] = allocated_peak - tracker.peak_total
     return TraceResult(
@@ -279,7 +282,6 @@ def measure_steps(setup: TrainingSetup, steps: int = 2) -> StepMeasurement:
     start = time.perf_counter()
     gc.collect()
     model = real_model(setup)
-    dtypes = step_dtypes(setup)
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, setup.model.vocab_size, (setup.batch, setup.seq), generator=generator)
     resident = resident_bytes(model, input_ids)
@@ -287,7 +289,7 @@ def measure_steps(setup: TrainingSetup, steps: int = 2) -> StepMeasurement:
     with real_data_decisions(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for _ in range(steps):
             mark(STEP_START)
-            run_step(model, optimizer, input_ids, dtypes.autocast, mark)
+            run_step(model, optimizer, input_ids, mark)
     state = _storage_bytes(
         value for per_param in optimizer.state.values() for value in per_param.values() if _is_tensor(value)
     )

@@ -35,6 +35,8 @@ SHARES: dict[Strategy, dict[MemCategory, Share]] = {
     Strategy.ZERO2: {_W: Share.WHOLE, _G: Share.SHARDED, _M: Share.SHARDED, _O: Share.SHARDED},
     Strategy.FSDP: {_W: Share.SHARDED, _G: Share.SHARDED, _M: Share.SHARDED, _O: Share.SHARDED},
     Strategy.FSDP_OFFLOAD: {_W: Share.HOST, _G: Share.HOST, _M: Share.HOST, _O: Share.HOST},
+    Strategy.FSDP2: {_W: Share.SHARDED, _G: Share.SHARDED, _M: Share.SHARDED, _O: Share.SHARDED},
+    Strategy.FSDP2_OFFLOAD: {_W: Share.HOST, _G: Share.HOST, _M: Share.HOST, _O: Share.HOST},
 }
 
 

@@ -68,6 +68,9 @@ SMALL_CASES: tuple[SmallCase, ...] = (
     SmallCase("QLoRA r8 fp16-mixed AdamW (NF4, double quant)", {"method": "qlora", "precision": "fp16-mixed"}),
     SmallCase("QLoRA r8 bf16-mixed AdamW, b4 s256", {"method": "qlora", "precision": "bf16-mixed", "batch": 4,
                                                      "seq": 256}),
+    SmallCase("QLoRA r8 bf16-mixed AdamW, checkpointing, b4 s256",
+              {"method": "qlora", "precision": "bf16-mixed", "checkpointing": True, "batch": 4, "seq": 256},
+              CHECKPOINT_GAP),
     SmallCase("full fp32 AdamW8bit", {"precision": "fp32", "optimizer": "adamw-8bit"}),
     SmallCase("LoRA r32 fp16-mixed AdamW8bit", {"method": "lora", "lora_rank": 32, "optimizer": "adamw-8bit"}),
 )
@@ -219,7 +222,10 @@ DOC_FOOTER = """
   bitsandbytes/autograd/_functions.py), so a frozen 4-bit projection keeps no activation, as the LoRA inventory
   assumes. The analytic weights are 4.127 bits per quantized parameter (QLoRA paper) plus 1,092 bytes of codes and
   offset per quantized matrix (`oomlab.budget.states.nf4_state_fixed_bytes`). The transient dequantized weight
-  (one matrix in the compute dtype) is not a budget term; it is never the peak in these rows.
+  (one matrix in the compute dtype, `oomlab.budget.workspace.dequant_bytes`) enters the budget inside a layer's
+  backward only where it outweighs one `i`-wide gradient, i.e. where the hidden size exceeds the micro-batch's
+  tokens (`in_layer_backward_bytes`); in these tiny rows the tokens exceed the hidden size, and the QLoRA
+  checkpointing row shows the peak without it, as measured.
 - 8-bit AdamW: `bitsandbytes.optim.AdamW8bit` runs on CPU (`_optimizer_update_8bit_blockwise_cpu`). Its state --
   two uint8 moments plus one fp32 absmax per 256 values, fp32 moments for tensors under 4,096 values -- is in every
   phase of the steady-state step and matches the analytic `optimizer_state_bytes_total` (forward and backward

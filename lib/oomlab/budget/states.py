@@ -108,7 +108,7 @@ def optimizer_state_bytes_total(setup: TrainingSetup) -> int:
     """Optimizer state of every trained parameter, unsharded."""
     p = trainable_parameters(setup)
     state_dtype = 4 if setup.strategy in DEEPSPEED_STRATEGIES else grad_bytes_per_param(setup)
-    if setup.optimizer is Optimizer.ADAMW:
+    if setup.optimizer.adam:
         return 2 * state_dtype * p  # exp_avg, exp_avg_sq like the parameter
     if setup.optimizer is Optimizer.SGD:
         return state_dtype * p  # momentum_buffer
@@ -155,10 +155,12 @@ def optimizer_temp_bytes(setup: TrainingSetup) -> int:
     torch's foreach AdamW: ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``, one state-sized
     temporary.  DeepSpeed ZeRO-1/2: the fp32 copy of this rank's gradient partition that its (fused)
     optimizer steps with (``single_grad_partition``, 4 bytes per parameter / data-parallel degree).
+    torch's fused AdamW (``fused=True``, what Trainer's default ``adamw_torch_fused`` builds) updates every
+    tensor in one kernel and keeps no temporary.
     NB: SGD and the 8-bit optimizer update in place; offloaded states step on the host.
     """
     if setup.strategy in DEEPSPEED_STRATEGIES:
         return ceil_div(4 * trainable_parameters(setup), setup.world_size)
-    if setup.optimizer is not Optimizer.ADAMW or setup.strategy is Strategy.FSDP_OFFLOAD:
+    if setup.optimizer is not Optimizer.ADAMW or setup.strategy.offloads:
         return 0
     return optimizer_on_gpu(setup) // 2

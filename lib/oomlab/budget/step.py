@@ -3,11 +3,15 @@ dtypes, the optimizer and one step of forward with loss, backward, ``optimizer.s
 
 Modelling choices (so traced, measured and analytic agree on what is modelled):
 
-- precision ``fp32``: model in float32, no autocast. ``fp16-mixed`` / ``bf16-mixed``: float32 parameters (they
-  are the master weights) and autocast around forward and loss; CPU autocast keeps the same cache of cast weight
-  copies as CUDA autocast (``cached_cast`` in ``autocast_mode.cpp`` applies to every device), freed when the
-  outermost autocast exits, i.e. before backward. ``fp16`` / ``bf16``: parameters, gradients and optimizer
-  state in that dtype.
+- precision ``fp32``: model in float32, no autocast. ``fp16-mixed`` / ``bf16-mixed``, as accelerate (and the
+  Trainer, which relies on it) launches them: float32 trained parameters, and
+  - single / DDP: accelerate's autocast around the forward with the outputs converted to fp32
+    (:func:`accelerate_autocast`); CPU autocast keeps the same cache of cast weight copies as CUDA autocast, freed
+    when the outermost autocast exits, i.e. before backward;
+  - FSDP1 (``fsdp``): FSDP's ``MixedPrecision(half, half, half)`` gathers half weights, and accelerate's autocast
+    wrap is still there (it casts no weight; the outputs are converted to fp32);
+  - FSDP2 (``fsdp2``): ``MixedPrecisionPolicy(half, half, output=half)``, no autocast.
+  ``fp16`` / ``bf16``: parameters, gradients and optimizer state in that dtype, no autocast.
 - method ``lora``: peft ``LoraConfig(r, lora_alpha, target_modules, lora_dropout=0.0)``. **The frozen base is
   stored in the compute dtype** -- fp16 for ``fp16-mixed``, bf16 for ``bf16-mixed`` -- because a frozen base is
   kept in half in practice; the adapters are float32 for ``*-mixed`` (peft's ``autocast_adapter_dtype``) and in
@@ -15,7 +19,9 @@ Modelling choices (so traced, measured and analytic agree on what is modelled):
   built by :mod:`oomlab.budget.measured`.
 - optimizer ``adamw``: ``torch.optim.AdamW(foreach=True)`` and ``sgd``: ``SGD(momentum=0.9, foreach=True)`` --
   ``foreach`` is what PyTorch picks by default for CUDA parameters (on CPU it would not), so the optimizer
-  temporaries (AdamW's ``sqrt(v)`` over all parameters at once) match a GPU run. ``adamw-8bit`` is bitsandbytes'.
+  temporaries (AdamW's ``sqrt(v)`` over all parameters at once) match a GPU run; ``adamw-fused``:
+  ``AdamW(fused=True)``, the Trainer's default ``adamw_torch_fused`` (in place, no temporary).
+  ``adamw-8bit`` is bitsandbytes'.
 - checkpointing: ``model.activation_checkpointing_enable({"use_reentrant": False})`` (transformers 5 renamed
   ``gradient_checkpointing_enable``), which checkpoints each decoder layer's ``forward``.
 - The loss: ``model(input_ids=ids, labels=ids).loss`` on random token ids; only the loss is kept (as the Hugging
@@ -29,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from oomlab.core.choices import Method, Optimizer, Precision
+from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Precision
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.models import ModelSpec, model_from_config
 from oomlab.core.quiet import quiet_libraries
@@ -65,11 +71,13 @@ TINY_CONFIG: dict[str, Any] = {
     "_source": "oomlab tiny LLaMA for traced-vs-measured checks",
 }
 
+
 def tiny_model(**config: Any) -> ModelSpec:
     """A tiny LLaMA-family spec (h=128, 2 layers, V=512 unless overridden)."""
     fields = {**TINY_CONFIG, **config}
     name = "tiny-llama-" + "-".join(f"{k}{v}" for k, v in sorted(config.items())) if config else "tiny-llama"
     return model_from_config(fields, name)
+
 
 def tiny_setup(model_config: Mapping[str, Any] | None = None, **kw: Any) -> TrainingSetup:
     """A :class:`TrainingSetup` over :func:`tiny_model` (defaults: batch 2, seq 128; every other knob as given)."""
@@ -84,22 +92,30 @@ def tiny_setup(model_config: Mapping[str, Any] | None = None, **kw: Any) -> Trai
 
 @dataclass(frozen=True)
 class StepDTypes:
-    """The dtypes one setup trains with (torch dtype names)."""
+    """The dtypes one setup trains with (torch dtype names), as its launch sets them up."""
 
     storage: str  # dtype of the (base) model's parameters as built
-    autocast: str | None  # autocast dtype around forward and loss, or None
+    autocast: str | None  # accelerate's autocast around the forward (outputs converted to fp32), or None
     adapters_fp32: bool  # LoRA adapters kept in float32 (peft's autocast_adapter_dtype)
+    policy: str | None  # FSDP's mixed-precision param dtype (parameters gathered and computed in it), or None
+
 
 def step_dtypes(setup: TrainingSetup) -> StepDTypes:
     """Storage and compute dtypes for a setup; see the module docstring for the choices."""
     precision, adapters = setup.precision, setup.method in (Method.LORA, Method.QLORA)
     if precision is Precision.FP32:
-        return StepDTypes("float32", None, False)
+        return StepDTypes("float32", None, False, None)
     half = precision.compute_dtype
     if precision in (Precision.FP16_MIXED, Precision.BF16_MIXED):
         # full fine-tuning keeps fp32 parameters (master weights); a frozen base is stored in half
-        return StepDTypes(half if adapters else "float32", half, adapters)
-    return StepDTypes(half, None, adapters)  # peft keeps adapters fp32 over a half base by default
+        storage = half if adapters else "float32"
+        if setup.strategy in FSDP1_STRATEGIES:  # MixedPrecision(half x 3) + accelerate's autocast wrap
+            return StepDTypes(storage, half, adapters, half)
+        if setup.strategy.fsdp:  # FSDP2: MixedPrecisionPolicy(half), no autocast
+            return StepDTypes(storage, None, adapters, half)
+        return StepDTypes(storage, half, adapters, None)
+    return StepDTypes(half, None, adapters, None)  # peft keeps adapters fp32 over a half base by default
+
 
 def build_model(setup: TrainingSetup, device: str) -> Any:
     """The setup's model on ``device`` ("meta" for traces, "cpu" for real tiny runs), in training mode.
@@ -124,8 +140,29 @@ def build_model(setup: TrainingSetup, device: str) -> Any:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if setup.method is Method.LORA:
         model = apply_lora(model, setup, adapters_fp32=dtypes.adapters_fp32)
+    if dtypes.autocast is not None:
+        accelerate_autocast(model, dtypes.autocast)
     model.train()
     return model
+
+
+def accelerate_autocast(model: Any, dtype: str) -> None:
+    """Wrap ``model.forward`` as ``accelerator.prepare`` does with native AMP (accelerate/accelerator.py 1824-1835):
+    ``torch.autocast`` around the forward, then every half output converted to fp32 (``convert_outputs_to_fp32``).
+
+    On a GPU the autocast is CUDA's; traced and measured here it is the CPU's, whose cast cache behaves the same
+    (``cached_cast`` in autocast_mode.cpp applies to every device).
+    """
+    from types import MethodType
+
+    import torch
+    from accelerate.utils import convert_outputs_to_fp32
+
+    model._original_forward = model.forward
+    autocast = torch.autocast(device_type="cpu", dtype=getattr(torch, dtype))
+    model.forward = MethodType(autocast(model.forward.__func__), model)
+    model.forward = MethodType(convert_outputs_to_fp32(model.forward.__func__), model)
+
 
 def apply_lora(model: Any, setup: TrainingSetup, *, adapters_fp32: bool) -> Any:
     """Wrap ``model`` with peft LoRA adapters on ``setup.lora_targets`` (base frozen)."""
@@ -140,12 +177,15 @@ def apply_lora(model: Any, setup: TrainingSetup, *, adapters_fp32: bool) -> Any:
     )
     return get_peft_model(model, config, autocast_adapter_dtype=adapters_fp32)
 
+
 def make_optimizer(setup: TrainingSetup, params: list[Any]) -> Any:
     """The setup's optimizer over ``params`` (state created lazily by the first ``step()``)."""
     import torch
 
     if setup.optimizer is Optimizer.ADAMW:
         return torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=True)
+    if setup.optimizer is Optimizer.ADAMW_FUSED:
+        return torch.optim.AdamW(params, lr=LEARNING_RATE, fused=True)
     if setup.optimizer is Optimizer.SGD:
         return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
     try:
@@ -154,31 +194,24 @@ def make_optimizer(setup: TrainingSetup, params: list[Any]) -> Any:
         raise InvalidValueError("optimizer 'adamw-8bit' needs bitsandbytes; pip install bitsandbytes") from err
     return bnb.optim.AdamW8bit(params, lr=LEARNING_RATE)
 
+
 def trainable_tensors(model: Any) -> list[Any]:
     return [p for p in model.parameters() if p.requires_grad]
 
-def run_step(
-    model: Any,
-    optimizer: Any,
-    input_ids: Any,
-    autocast_dtype: str | None,
-    mark: Callable[[str], None] = lambda label: None,
-) -> None:
-    """One training step: forward with loss, backward, optimizer step, zero_grad (set_to_none)."""
-    import torch
 
-    if autocast_dtype is None:
-        autocast = contextlib.nullcontext()
-    else:
-        autocast = torch.autocast(device_type="cpu", dtype=getattr(torch, autocast_dtype))
-    with autocast:
-        loss = model(input_ids=input_ids, labels=input_ids).loss
+def run_step(model: Any, optimizer: Any, input_ids: Any, mark: Callable[[str], None] = lambda label: None) -> None:
+    """One training step: forward with loss, backward, optimizer step, zero_grad (set_to_none).
+
+    Autocast, where the launch has it, is part of the model's forward (:func:`accelerate_autocast`).
+    """
+    loss = model(input_ids=input_ids, labels=input_ids).loss
     mark("loss")
     loss.backward()
     mark(BACKWARD_DONE)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     mark("zero_grad done")
+
 
 @contextlib.contextmanager
 def real_data_decisions() -> Iterator[None]:

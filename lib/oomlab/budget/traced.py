@@ -32,6 +32,7 @@ from typing import Any
 
 from oomlab.budget import workspace
 from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.launchers import fsdp1_buffers, shard_fsdp1, shard_fsdp2
 from oomlab.budget.result import BudgetResult, MemCategory, Phase, Source
 from oomlab.budget.step import (
     build_model,
@@ -39,19 +40,18 @@ from oomlab.budget.step import (
     make_optimizer,
     real_data_decisions,
     run_step,
-    step_dtypes,
     trainable_tensors,
 )
 from oomlab.budget.tracker import OFFLOADED_CATEGORIES, TraceResult, budget_category, make_tracker, tracker_result
 from oomlab.core import paths
-from oomlab.core.choices import Method, Optimizer, Strategy
+from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Strategy
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.quiet import quiet_libraries
 from oomlab.core.setup import TrainingSetup
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TRACE_VERSION = 2  # bump when what a trace records changes; part of the cache key
+TRACE_VERSION = 4  # bump when what a trace records changes; part of the cache key
 
 
 
@@ -62,36 +62,48 @@ def _check_traceable(setup: TrainingSetup) -> None:
     if setup.strategy in (Strategy.ZERO1, Strategy.ZERO2):
         raise InvalidValueError(
             f"strategy {setup.strategy.value!r} is analytic only: DeepSpeed ZeRO has no PyTorch-native tracer on "
-            "CPU; use source='analytic', or trace 'ddp' (ZeRO-0) or 'fsdp' (ZeRO-3) to bracket it"
+            "CPU; use source='analytic'"
         )
     if setup.method is Method.QLORA:
         raise InvalidValueError(
             "method 'qlora' cannot be traced: bitsandbytes' NF4 kernels need real data (not FakeTensorMode); "
-            "measure a tiny model with oomlab.measure.measure_real, or use source='analytic'"
+            "measure a tiny model with oomlab.budget.measured.measure_steps, or use source='analytic'"
         )
     if setup.optimizer is Optimizer.ADAMW_8BIT:
         raise InvalidValueError(
             "optimizer 'adamw-8bit' cannot be traced: bitsandbytes' 8-bit kernels need real data; measure a "
-            "tiny model with oomlab.measure.measure_real, or use source='analytic'"
+            "tiny model with oomlab.budget.measured.measure_steps, or use source='analytic'"
         )
 
-def _trace_single(setup: TrainingSetup) -> TraceResult:
+
+def _input_ids(setup: TrainingSetup) -> Any:
     import torch
+
+    return torch.randint(0, setup.model.vocab_size, (setup.batch, setup.seq))
+
+
+def _logits_shape(setup: TrainingSetup) -> tuple[int, int]:
+    return setup.batch * setup.seq, setup.model.vocab_size
+
+
+def _trace_single(setup: TrainingSetup) -> TraceResult:
+    """One process's step (``single``, and each rank of ``ddp``: DDP's buckets are added by :func:`traced_budget`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     start = time.perf_counter()
-    dtypes = step_dtypes(setup)
     with quiet_libraries(), real_data_decisions():
         model = build_model(setup, "meta")
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
-            input_ids = torch.randint(0, setup.model.vocab_size, (setup.batch, setup.seq))
+            input_ids = _input_ids(setup)
             tracker = make_tracker(model)
+            tracker.logits_shape = _logits_shape(setup)
             tracker.track_external(model, input_ids)
             with tracker:
                 optimizer = make_optimizer(setup, trainable_tensors(model))
-                run_step(model, optimizer, input_ids, dtypes.autocast, tracker.mark)
+                run_step(model, optimizer, input_ids, tracker.mark)
     return tracker_result(tracker, seconds=time.perf_counter() - start, method="memtracker-fake")
+
 
 @contextlib.contextmanager
 def fake_process_group(world_size: int) -> Iterator[None]:
@@ -110,6 +122,7 @@ def fake_process_group(world_size: int) -> Iterator[None]:
     finally:
         dist.destroy_process_group()
 
+
 @contextlib.contextmanager
 def own_propagation_fake_mode() -> Iterator[None]:
     """Make DTensor's sharding propagation run in its own ``FakeTensorMode``, not the trace's.
@@ -127,37 +140,72 @@ def own_propagation_fake_mode() -> Iterator[None]:
     with mock.patch.object(_sharding_prop, "detect_fake_mode", lambda *args, **kwargs: None):
         yield
 
-def _trace_fsdp(setup: TrainingSetup) -> TraceResult:
+
+@contextlib.contextmanager
+def host_offload_on_cpu() -> Iterator[None]:
+    """What CPU offload needs to trace on a CPU: ``Tensor.pin_memory()`` returns the tensor itself (fake tensors
+    cannot be pinned -- ``aten._pin_memory`` has no fake implementation -- and pinning changes where host bytes live,
+    not how many), and a CPU stream gets the no-op ``synchronize`` FSDP1's offload calls (CPU work is synchronous).
+    """
+    from unittest import mock
+
     import torch
+
+    with mock.patch.object(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self), \
+            mock.patch.object(torch.cpu.Stream, "synchronize", lambda self: None, create=True):
+        yield
+
+
+def _trace_fsdp1(setup: TrainingSetup) -> TraceResult:
+    """FSDP1 as accelerate prepares it (:func:`oomlab.budget.launchers.shard_fsdp1`), built inside the fake mode on a
+    fake ``world_size``-rank process group, watched by the step tracker (FSDP1's gathered half parameters relabelled
+    as workspace, its sharded gradients as gradients)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     start = time.perf_counter()
-    dtypes = step_dtypes(setup)
-    offload = setup.strategy is Strategy.FSDP_OFFLOAD
-    with quiet_libraries(), real_data_decisions(), own_propagation_fake_mode(), fake_process_group(setup.world_size):
+    offload = setup.strategy.offloads
+    with quiet_libraries(), real_data_decisions(), fake_process_group(setup.world_size), host_offload_on_cpu():
         model = build_model(setup, "meta")
-        mesh = init_device_mesh("cpu", (setup.world_size,))
-        kwargs: dict[str, Any] = {"mesh": mesh}
-        if offload:
-            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-        for module in model.modules():
-            if type(module).__name__.endswith("DecoderLayer"):
-                fully_shard(module, **kwargs)
-        fully_shard(model, **kwargs)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            wrapped = shard_fsdp1(model, setup)
+            input_ids = _input_ids(setup)
+            tracker = make_tracker(wrapped)
+            tracker.logits_shape = _logits_shape(setup)
+            tracker.label_sources.append(fsdp1_buffers(wrapped))
+            if offload:
+                tracker.host_categories = OFFLOADED_CATEGORIES
+            tracker.track_external(wrapped, input_ids)
+            with tracker:
+                optimizer = make_optimizer(setup, trainable_tensors(wrapped))
+                run_step(wrapped, optimizer, input_ids, tracker.mark)
+    notes = ("parameter, gradient and optstate offloaded: reported as host_*, not in peak_bytes",) if offload else ()
+    return tracker_result(tracker, seconds=time.perf_counter() - start, method="fsdp1-memtracker-fake", notes=notes)
+
+
+def _trace_fsdp2(setup: TrainingSetup) -> TraceResult:
+    """FSDP2 as accelerate prepares it (:func:`oomlab.budget.launchers.shard_fsdp2`) over a fake process group,
+    watched by a step tracker built on torch's ``FSDPMemTracker``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    start = time.perf_counter()
+    offload = setup.strategy.offloads
+    with quiet_libraries(), real_data_decisions(), own_propagation_fake_mode(), fake_process_group(setup.world_size), \
+            host_offload_on_cpu():
+        model = shard_fsdp2(build_model(setup, "meta"), setup)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
-            input_ids = torch.randint(0, setup.model.vocab_size, (setup.batch, setup.seq))
+            input_ids = _input_ids(setup)
             optimizer = make_optimizer(setup, trainable_tensors(model))  # after fully_shard: sharded state
             tracker = make_tracker(model, optimizer, fsdp=True)
+            tracker.logits_shape = _logits_shape(setup)
             if offload:
                 tracker.host_categories = OFFLOADED_CATEGORIES
             tracker.track_inputs((input_ids,))
             with tracker:
-                run_step(model, optimizer, input_ids, dtypes.autocast, tracker.mark)
+                run_step(model, optimizer, input_ids, tracker.mark)
     notes = ("parameter, gradient and optstate offloaded: reported as host_*, not in peak_bytes",) if offload else ()
-    return tracker_result(tracker, seconds=time.perf_counter() - start, method="fsdp-memtracker-fake", notes=notes)
+    return tracker_result(tracker, seconds=time.perf_counter() - start, method="fsdp2-memtracker-fake", notes=notes)
+
 
 def trace_step(setup: TrainingSetup, *, use_cache: bool = True) -> TraceResult:
     """Trace the first training step of ``setup`` on one GPU (rank), at full size, on CPU.
@@ -173,8 +221,10 @@ def trace_step(setup: TrainingSetup, *, use_cache: bool = True) -> TraceResult:
             return TraceResult.from_json(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             pass  # a damaged entry: trace again and overwrite it
-    if setup.strategy in (Strategy.FSDP, Strategy.FSDP_OFFLOAD):
-        result = _trace_fsdp(setup)
+    if setup.strategy in FSDP1_STRATEGIES:
+        result = _trace_fsdp1(setup)
+    elif setup.strategy.fsdp:
+        result = _trace_fsdp2(setup)
     else:
         result = _trace_single(setup)
     write_cache(path, result)
@@ -199,8 +249,10 @@ def cache_key(setup: TrainingSetup) -> str:
     payload = {"setup": fields, "versions": library_versions(), "trace_version": TRACE_VERSION}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
+
 def cache_path(setup: TrainingSetup) -> Path:
     return paths.cache_dir() / f"trace-{cache_key(setup)}.json"
+
 
 def write_cache(path: Path, result: TraceResult) -> None:
     """Write atomically: a temporary file in the same folder, then ``os.replace``."""
@@ -231,11 +283,13 @@ def steady_phase_totals(trace: TraceResult) -> dict[Phase, int]:
         for phase, total in trace.phase_peaks.items()
     }
 
+
 def _final_optimizer_state(trace: TraceResult) -> int:
     for _, _, snap in reversed(trace.timeline):
         if "optstate" in snap:
             return int(snap["optstate"])
     return int(trace.peak_by_category.get("optstate", 0))
+
 
 def traced_budget(setup: TrainingSetup, outside_bytes: int | None = None) -> BudgetResult:
     """A :class:`~oomlab.budget.result.BudgetResult` whose allocated figures come from :func:`trace_step`.

@@ -75,6 +75,7 @@ def _decoder_layer_depth(model: Any) -> int:
             return name.count(".") + 1
     return 3
 
+
 def _tracker_class(base: type) -> type:
     """``base`` (MemTracker or FSDPMemTracker) extended for one training step.
 
@@ -83,11 +84,22 @@ def _tracker_class(base: type) -> type:
     - the phase of the peak, the peak of each phase, and a timeline of module-boundary snapshots (plus the
       highest point between two boundaries, so the figure shows the real peak).
     """
+    import torch
+    from torch.distributed._tools.common_utils import get_untyped_storages
     from torch.distributed._tools.mem_tracker import _MemRefType
+
+    to_copy = torch.ops.aten._to_copy.default
+    relabelled = ("Activation", "Temp")  # only tensors MemTracker calls activations or temporaries are relabelled
 
     class StepTracker(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, timeline_depth: int = 3, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            self._labels: dict[int, tuple[Any, str]] = {}  # id(winfo) -> (winfo, oomlab category)
+            self.logits_shape: tuple[int, int] | None = None  # (tokens, vocab): tensors that size are "logits"
+            self.label_sources: list[Any] = []  # callables -> (tensor, category) pairs, relabelled on each read
+            self._opt_allocations: dict[int, Any] = {}  # id(winfo) -> winfo made inside optimizer.step()
+            self._created: list[tuple[Any, Any]] = []
+            self._optimizers: list[Any] = []  # the optimizers seen stepping
             self.timeline: list[tuple[str, Phase, dict[str, int]]] = []
             self.phase_peaks = dict.fromkeys(Phase, 0)
             self.peak_total = -1
@@ -104,7 +116,9 @@ def _tracker_class(base: type) -> type:
             memory = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
             if install_grad_hooks:
                 for param in module.parameters():
-                    if param.requires_grad and self._param_to_grad_hook_handles.get(param, None) is None:
+                    # leaves only: FSDP1 with use_orig_params exposes views into its flat parameter
+                    if param.requires_grad and param.is_leaf \
+                            and self._param_to_grad_hook_handles.get(param, None) is None:
                         self._param_to_grad_hook_handles[param] = (
                             param.register_hook(self._grad_hook),
                             param.register_post_accumulate_grad_hook(lambda p: self._grad_hook(p.grad)),
@@ -114,6 +128,85 @@ def _tracker_class(base: type) -> type:
         def _grad_hook(self, grad: Any) -> None:
             self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
 
+        # -- oomlab's categories on top of MemTracker's: logits, autocast copies, FSDP1's buffers
+        def _track(self, reftype: Any, t: Any) -> None:
+            known = {id(w) for w in (self._winfo_of(st) for st in get_untyped_storages(t)) if w is not None}
+            super()._track(reftype, t)
+            for st in get_untyped_storages(t):
+                winfo = self._winfo_of(st)
+                if winfo is not None and id(winfo) not in known:
+                    self._created.append((winfo, t))
+
+        def _winfo_of(self, storage: Any) -> Any:
+            return self._WINFO.get(storage, (None, None))[0]
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self._created: list[tuple[Any, Any]] = []  # storages this operation allocated, and their tensors
+            self._deferred = False
+            self._defer = True  # label the outputs before the peak bookkeeping looks at them
+            try:
+                res = super().__torch_dispatch__(func, types, args, kwargs)
+            finally:
+                self._defer = False
+            if res is not NotImplemented and self._created:
+                self._label_created(func, args)
+            self._created = []
+            if self._deferred:
+                self._note_total()
+            return res
+
+        def _label_created(self, func: Any, args: Any) -> None:
+            """oomlab's category of each storage the operation just allocated (views of older ones keep theirs)."""
+            source = self._winfo(args[0]) if func is to_copy and args and isinstance(args[0], torch.Tensor) else None
+            weight_cast = source is not None and source.reftype == _MemRefType.PARAM
+            fsdp_state = getattr(self, "_fsdp_state", None)  # FSDPMemTracker's: what FSDP2 is doing now
+            gathering = fsdp_state is not None and fsdp_state.name in ("PRE_FW", "PRE_BW")
+            # a checkpointed layer's forward run again in backward: torch.utils.checkpoint recomputes under
+            # enable_grad() while the autograd engine computes gradients with grad mode off; what the recompute
+            # saves counts as activations (as MemTracker counts it when its module hooks see the recompute)
+            recomputing = self._mod_tracker.is_bw and torch.is_grad_enabled()
+            for winfo, out in self._created:
+                if self._in_opt:
+                    self._opt_allocations.setdefault(id(winfo), winfo)
+                    continue
+                label = None
+                if winfo.reftype.value not in relabelled:
+                    continue
+                if weight_cast:
+                    label = "autocast_copy"  # a half copy of a parameter, as autocast casts weights
+                elif gathering:
+                    label = "gathered_param"  # FSDP2's copy-out (FSDPMemTracker calls it unsharded once it returns)
+                elif recomputing and winfo.reftype.value == "Temp":
+                    label = "activation"
+                elif self.logits_shape is not None and out.dim() >= 2 and out.shape[-1] == self.logits_shape[1] \
+                        and out.numel() == self.logits_shape[0] * self.logits_shape[1]:
+                    label = "logits"  # the LM head's output, its fp32 copies, log-softmax, their gradients
+                if label is not None:
+                    self._labels.setdefault(id(winfo), (winfo, label))
+
+        def _winfo(self, t: Any) -> Any:
+            t = getattr(t, "_local_tensor", t)  # a DTensor's bytes are its local shard's
+            try:
+                return self._WINFO.get(t.untyped_storage(), (None, None))[0]
+            except (RuntimeError, NotImplementedError):  # a tensor without storage (a DTensor wrapper, say)
+                return None
+
+        def _delete_callback(self, winfo: Any, w_st: Any) -> None:
+            self._labels.pop(id(winfo), None)
+            self._opt_allocations.pop(id(winfo), None)
+            super()._delete_callback(winfo, w_st)
+
+        def _relabel_sources(self) -> None:
+            for source in self.label_sources:
+                for tensor, label in source():
+                    winfo = self._winfo(tensor)
+                    if winfo is None:
+                        continue
+                    if label == "gradient":
+                        self._update_and_maybe_create_winfos(tensor, _MemRefType.GRAD)
+                    else:
+                        self._labels[id(winfo)] = (winfo, label)
+
         # -- phases and peaks
         def phase(self) -> Phase:
             if self._in_opt or self._after_backward:
@@ -122,15 +215,42 @@ def _tracker_class(base: type) -> type:
 
         def current(self) -> dict[str, int]:
             """Bytes per category now; host-resident categories as "host_<category>"."""
+            if self.label_sources:
+                self._relabel_sources()
             snap = dict.fromkeys(CATEGORIES, 0)
             for dev_snap in self._curr_mem_snap.values():
                 for key, value in dev_snap.items():
                     if isinstance(key, enum.Enum):
-                        name = _category_name(key.value)
-                        if name in self.host_categories:
-                            name = "host_" + name
+                        name = self._name(key.value)
                         snap[name] = snap.get(name, 0) + value
+            for winfo, label in self._labels.values():
+                if winfo.reftype.value in relabelled or label == "unsharded_param":  # FSDP1's are parameters
+                    snap[self._name(winfo.reftype.value)] -= winfo.mem_consumed
+                    snap[label] = snap.get(label, 0) + winfo.mem_consumed
+            if self._opt_allocations:  # what optimizer.step() allocated and keeps in no state is a temporary
+                state = {id(self._winfo(t)) for opt in self._optimizers for per_param in opt.state.values()
+                         for t in per_param.values() if isinstance(t, torch.Tensor)}
+                for key, winfo in self._opt_allocations.items():
+                    if key not in state and winfo.reftype.value.lower() == "optstate":
+                        snap[self._name(winfo.reftype.value)] -= winfo.mem_consumed
+                        snap["temp"] = snap.get("temp", 0) + winfo.mem_consumed
             return snap
+
+        def _host_bytes(self) -> int:
+            """Bytes of the host-resident categories now (without building a whole snapshot: this runs per op)."""
+            if self.label_sources:
+                self._relabel_sources()
+            host = sum(value for dev_snap in self._curr_mem_snap.values() for key, value in dev_snap.items()
+                       if isinstance(key, enum.Enum) and _category_name(key.value) in self.host_categories)
+            for winfo, label in self._labels.values():  # relabelled out of a host category onto the device
+                if (winfo.reftype.value in relabelled or label == "unsharded_param") \
+                        and _category_name(winfo.reftype.value) in self.host_categories:
+                    host -= winfo.mem_consumed
+            return host
+
+        def _name(self, reftype_value: str) -> str:
+            name = _category_name(reftype_value)
+            return "host_" + name if name in self.host_categories else name
 
         def device_total(self, snap: Mapping[str, int]) -> int:
             return sum(v for k, v in snap.items() if not k.startswith("host_"))
@@ -138,13 +258,15 @@ def _tracker_class(base: type) -> type:
         def _update_peak_stats(self, peak_state: Any) -> None:
             # NB: replaces MemTracker's per-module peak bookkeeping (a loop over every module after every op,
             # most of a 13B LoRA trace's time); the step's peak, per-phase peaks and timeline are kept here
+            if getattr(self, "_defer", False):
+                self._deferred = True
+                return
             self._note_total()
 
         def _note_total(self) -> None:
+            total = sum(d.get("Total", 0) for d in self._curr_mem_snap.values())
             if self.host_categories:
-                total = self.device_total(self.current())
-            else:
-                total = sum(d.get("Total", 0) for d in self._curr_mem_snap.values())
+                total -= self._host_bytes()
             phase = self.phase()
             if total > self.phase_peaks[phase]:
                 self.phase_peaks[phase] = total
@@ -189,17 +311,44 @@ def _tracker_class(base: type) -> type:
             super()._post_bw_hook(module, args)
             self._mark_module(module, "post-bw")
 
+        # -- FSDPMemTracker instruments FSDP's own pre/post forward and backward instead of module hooks: mark there
+        def _fsdp_state_pre_forward(self, fsdp_mod: Any, orig: Any) -> Any:
+            return self._marked(super()._fsdp_state_pre_forward(fsdp_mod, orig), fsdp_mod, "pre-fw")
+
+        def _fsdp_state_post_forward(self, fsdp_mod: Any, orig: Any) -> Any:
+            return self._marked(super()._fsdp_state_post_forward(fsdp_mod, orig), fsdp_mod, "post-fw")
+
+        def _fsdp_param_group_pre_backward(self, fsdp_mod: Any, orig: Any) -> Any:
+            return self._marked(super()._fsdp_param_group_pre_backward(fsdp_mod, orig), fsdp_mod, "pre-bw")
+
+        def _fsdp_param_group_post_backward(self, fsdp_mod: Any, orig: Any) -> Any:
+            return self._marked(super()._fsdp_param_group_post_backward(fsdp_mod, orig), fsdp_mod, "post-bw")
+
+        def _marked(self, inner: Any, module: Any, what: str) -> Any:
+            def marked(*args: Any, **kwargs: Any) -> Any:
+                out = inner(*args, **kwargs)
+                recompute = self._mod_tracker.is_bw and what.endswith("fw")
+                self._mark_module(module, what + ("-ac" if recompute else ""))
+                return out
+
+            return marked
+
         def __enter__(self) -> Any:
             from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
             result = super().__enter__()
             if self._depth == 1:
                 self._step_hooks = [
-                    register_optimizer_step_pre_hook(lambda *a: self._mark_optimizer("optimizer.step start")),
+                    register_optimizer_step_pre_hook(lambda opt, *a: self._optimizer_starts(opt)),
                     register_optimizer_step_post_hook(lambda *a: self._mark_optimizer("optimizer.step end")),
                 ]
                 self.mark("start")
             return result
+
+        def _optimizer_starts(self, optimizer: Any) -> None:
+            if optimizer not in self._optimizers:
+                self._optimizers.append(optimizer)
+            self._mark_optimizer("optimizer.step start")
 
         def _mark_optimizer(self, label: str) -> None:
             # the pre hook runs before MemTracker's own (which sets _in_opt): the phase is the optimizer's
@@ -220,6 +369,7 @@ _FSDP_CATEGORIES = {"sharded_param": "parameter", "sharded_grad": "gradient", "i
 
 OFFLOADED_CATEGORIES = ("parameter", "gradient", "optstate")  # on the host under fsdp-offload
 
+
 def _category_name(value: str) -> str:
     """mem_tracker's category value ("Optstate", "Sharded Param", ...) as an oomlab category.
 
@@ -228,6 +378,7 @@ def _category_name(value: str) -> str:
     """
     key = value.lower().replace(" ", "_")
     return _FSDP_CATEGORIES.get(key, key)
+
 
 def tracker_result(tracker: Any, *, seconds: float, method: str, notes: tuple[str, ...] = ()) -> TraceResult:
     """A :class:`TraceResult` from a tracker that ran a step."""
@@ -243,6 +394,7 @@ def tracker_result(tracker: Any, *, seconds: float, method: str, notes: tuple[st
         notes=notes,
     )
 
+
 def make_tracker(model: Any, optimizer: Any = None, *, fsdp: bool = False) -> Any:
     """A step tracker for ``model`` (``FSDPMemTracker`` based when ``fsdp``; it needs the optimizer up front)."""
     if fsdp:
@@ -253,10 +405,13 @@ def make_tracker(model: Any, optimizer: Any = None, *, fsdp: bool = False) -> An
 
     return _tracker_class(MemTracker)(timeline_depth=_decoder_layer_depth(model) + 1)
 
-# How a traced category counts in a budget (anything else: workspace).
+# How a traced category counts in a budget (anything else: workspace).  "logits" and "autocast_copy" are oomlab's
+# own labels on top of MemTracker's (see StepTracker.__torch_dispatch__): the analytic budget's categories mean the
+# same things.
 TRACE_CATEGORIES: Mapping[str, MemCategory] = MappingProxyType({
     "parameter": MemCategory.WEIGHTS, "buffer": MemCategory.WEIGHTS, "gradient": MemCategory.GRADIENTS,
     "activation": MemCategory.ACTIVATIONS, "temp": MemCategory.WORKSPACE, "optstate": MemCategory.OPTIMIZER_STATE,
+    "logits": MemCategory.LOGITS_LOSS, "autocast_copy": MemCategory.WORKSPACE, "gathered_param": MemCategory.WORKSPACE,
     "other": MemCategory.WORKSPACE, "unsharded_param": MemCategory.WORKSPACE,
     "unsharded_grad": MemCategory.WORKSPACE, "all_gather": MemCategory.WORKSPACE,
     "reduce_scatter": MemCategory.WORKSPACE, "untracked": MemCategory.WORKSPACE,

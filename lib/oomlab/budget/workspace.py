@@ -1,24 +1,13 @@
-"""Transient memory of a step besides the saved activations: DDP's gradient buckets, FSDP's all-gather and
-reduce-scatter buffers, the logits and the loss's tensors, and the gradient temporaries of a recomputed layer."""
+"""Transient memory of a step besides the saved activations: DDP's gradient buckets, the logits and the loss's
+tensors, the gradient temporaries of a recomputed layer and QLoRA's dequantized weight (FSDP's buffers:
+:mod:`oomlab.budget.fsdp`)."""
 
 from __future__ import annotations
 
-import enum
-
 from oomlab.budget import activations as act
-from oomlab.budget.states import grad_bytes_per_param, param_bytes, trainable_parameters
+from oomlab.budget.states import grad_bytes_per_param, trainable_parameters
 from oomlab.core.choices import Method, Precision, Strategy
 from oomlab.core.setup import TrainingSetup
-
-FSDP_STRATEGIES = (Strategy.FSDP, Strategy.FSDP_OFFLOAD)
-
-
-class GatherPoint(enum.Enum):
-    """Where in the step FSDP's buffers are counted."""
-
-    FORWARD = "forward"  # trained layers: the current all-gather and the next one prefetched; frozen: one
-    BACKWARD_START = "backward-start"  # the last layer gathered again
-    BACKWARD = "backward"  # a trained layer's backward: it, the next prefetched, its reduce-scatter, its grads
 
 
 def ddp_bucket_bytes(setup: TrainingSetup) -> int:
@@ -26,42 +15,6 @@ def ddp_bucket_bytes(setup: TrainingSetup) -> int:
     if setup.strategy is not Strategy.DDP or setup.world_size == 1:
         return 0
     return grad_bytes_per_param(setup) * trainable_parameters(setup)
-
-
-def fsdp_root_bytes(setup: TrainingSetup) -> int:
-    """FSDP2 keeps the root module's parameters (embedding, final norm, LM head) unsharded all step."""
-    if setup.strategy not in FSDP_STRATEGIES:
-        return 0
-    spec = setup.model
-    return param_bytes(setup) * (spec.embedding_params + spec.lm_head_params + spec.hidden_size)
-
-
-def fsdp_layer_bytes(setup: TrainingSetup) -> int:
-    """One decoder layer's unsharded parameters (the size of each all-gather / reduce-scatter buffer)."""
-    if setup.strategy not in FSDP_STRATEGIES:
-        return 0
-    spec = setup.model
-    return param_bytes(setup) * (spec.layer_matmul_params + 2 * spec.hidden_size)
-
-
-def fsdp_gather_bytes(setup: TrainingSetup, where: GatherPoint) -> int:
-    """FSDP2 workspace: the unsharded root plus per-layer all-gather / reduce-scatter buffers at ``where``.
-
-    NB: buffer counts read off FSDP2 traces (FSDPMemTracker); see tests/budget/test_agreement.py.
-    """
-    layer = fsdp_layer_bytes(setup)
-    if not layer:
-        return 0
-    trained = setup.method is Method.FULL
-    # NB: at the end of forward and the start of backward the traces hold two layer buffers (the last
-    # gathered and the next) except for frozen, non-checkpointed layers, where only the last remains.
-    held = 2 if trained or setup.checkpointing else 1
-    if where is GatherPoint.FORWARD:
-        return fsdp_root_bytes(setup) + held * layer
-    if where is GatherPoint.BACKWARD_START or not trained:
-        return fsdp_root_bytes(setup) + (held if not trained else 1) * layer
-    grads = layer * grad_bytes_per_param(setup) // param_bytes(setup)
-    return fsdp_root_bytes(setup) + 3 * layer + grads
 
 
 def logits_bytes(setup: TrainingSetup) -> dict[str, int]:
@@ -85,3 +38,38 @@ def recompute_gradient_bytes(setup: TrainingSetup) -> int:
     c = 4 if setup.precision is Precision.FP32 else 2
     spec = setup.model
     return act.tokens(setup) * c * (3 * spec.intermediate_size + spec.hidden_size)
+
+
+NF4_BLOCK = 64  # bitsandbytes' default bnb_4bit blocksize: one absmax per 64 weights
+
+
+def dequant_bytes(setup: TrainingSetup) -> int:
+    """QLoRA: the transient dequantized weight of the projection being computed (0 for other methods).
+
+    bitsandbytes 0.50 ``MatMul4Bit``: backward always computes ``grad_output @ dequantize_4bit(W)`` (autograd/
+    _functions.py ``MatMul4Bit.backward``); forward runs ``gemm_4bit``, which on CUDA dequantizes and calls
+    ``F.linear`` past 1,536 tokens (backends/cuda/ops.py ``_dequant_linear_fallback``) and always does on CPU
+    (backends/default/ops.py).  Each dequantization holds the whole weight in the compute dtype plus its
+    double-quantized absmax expanded to fp32, one projection at a time, freed after the matmul: the largest
+    projection is the transient.
+    """
+    if setup.method is not Method.QLORA:
+        return 0
+    largest = max(n_in * n_out for n_in, n_out in setup.model.projection_shapes.values())
+    return 2 * largest + 4 * (largest // NF4_BLOCK)
+
+
+def in_layer_backward_bytes(setup: TrainingSetup, gradient_temporaries: int) -> int:
+    """The largest transient inside one layer's backward, given its elementwise gradient temporaries.
+
+    Without quantization it is those temporaries (``c (3 i + h)`` per token, :func:`recompute_gradient_bytes`).
+    QLoRA's gate/up input gradient holds one dequantized ``h x i`` weight beside two of the three ``i``-wide gradients
+    (:func:`dequant_bytes`): larger when ``h`` exceeds the micro-batch's tokens (13B at 2,048 tokens; measured at
+    small scale, where tokens exceed ``h``, the dequantized weight is not at the peak).
+    """
+    dequant = dequant_bytes(setup)
+    if not dequant:
+        return gradient_temporaries
+    c = 4 if setup.precision is Precision.FP32 else 2
+    return max(gradient_temporaries, gradient_temporaries - c * act.tokens(setup) * setup.model.intermediate_size
+               + dequant)

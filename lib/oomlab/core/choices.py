@@ -9,14 +9,47 @@ from oomlab.core.errors import UnknownNameError
 
 
 class Strategy(enum.Enum):
-    """How the model states are spread over the GPUs."""
+    """How the model states are spread over the GPUs -- each member is the launch a user runs.
+
+    - ``single``: one process on one GPU (``python train.py`` / Trainer / ``accelerate launch`` without a
+      distributed config): ``model.to(device)``; ``*-mixed`` precisions run under accelerate's ``torch.autocast``.
+    - ``ddp``: ``accelerate launch`` / ``torchrun`` with DistributedDataParallel: a full replica per GPU (moved with
+      ``model.to(device)``), gradients all-reduced through DDP's buckets; autocast as ``single``.
+    - ``fsdp``: accelerate's FSDP as launched by default (``distributed_type: FSDP``, ``fsdp_version`` 1):
+      ``FullyShardedDataParallel`` FULL_SHARD, each decoder layer auto-wrapped, ``MixedPrecision(param, reduce,
+      buffer = half)``, trainable flat parameters upcast to fp32, and accelerate's autocast around the forward
+      (which casts no weight: FSDP hands it half weights) with the outputs converted to fp32.
+    - ``fsdp-offload``: ``fsdp`` with ``fsdp_offload_params: true`` (FSDP1 ``CPUOffload(offload_params=True)``):
+      sharded parameters, gradients and the optimizer step on the host.
+    - ``fsdp2``: accelerate with ``fsdp_version: 2``: ``fully_shard`` per decoder layer, the input embedding, a
+      ``[final norm, lm_head]`` group kept unsharded after forward, and the root, with ``MixedPrecisionPolicy(param,
+      reduce, output = half)``; trainable parameters upcast to fp32; no autocast.
+    - ``fsdp2-offload``: ``fsdp2`` with ``CPUOffloadPolicy``.
+    - ``zero1`` / ``zero2``: DeepSpeed ZeRO stage 1 / 2.
+    """
 
     SINGLE = "single"  # the whole model on one GPU (what the seed did)
     DDP = "ddp"  # a full replica per GPU, gradients all-reduced
     ZERO1 = "zero1"  # optimizer state sharded (ZeRO stage 1)
     ZERO2 = "zero2"  # optimizer state and gradients sharded (ZeRO stage 2)
-    FSDP = "fsdp"  # parameters, gradients and optimizer state sharded (FSDP full shard / ZeRO-3)
-    FSDP_OFFLOAD = "fsdp-offload"  # FSDP with parameters, gradients and optimizer state on the host
+    FSDP = "fsdp"  # accelerate's default FSDP (FSDP1): parameters, gradients and optimizer state sharded
+    FSDP_OFFLOAD = "fsdp-offload"  # FSDP1 with parameters, gradients and optimizer state on the host
+    FSDP2 = "fsdp2"  # accelerate's fsdp_version 2 (fully_shard with a MixedPrecisionPolicy)
+    FSDP2_OFFLOAD = "fsdp2-offload"  # FSDP2 with CPUOffloadPolicy
+
+    @property
+    def fsdp(self) -> bool:
+        """Does FSDP (version 1 or 2) shard the parameters?"""
+        return self in FSDP_STRATEGIES
+
+    @property
+    def offloads(self) -> bool:
+        """Are parameters, gradients and the optimizer step on the host?"""
+        return self in (Strategy.FSDP_OFFLOAD, Strategy.FSDP2_OFFLOAD)
+
+
+FSDP_STRATEGIES = frozenset({Strategy.FSDP, Strategy.FSDP_OFFLOAD, Strategy.FSDP2, Strategy.FSDP2_OFFLOAD})
+FSDP1_STRATEGIES = frozenset({Strategy.FSDP, Strategy.FSDP_OFFLOAD})
 
 
 class Method(enum.Enum):
@@ -31,8 +64,8 @@ class Precision(enum.Enum):
     """Weight storage and compute dtypes."""
 
     FP32 = "fp32"  # everything float32
-    FP16_MIXED = "fp16-mixed"  # fp32 master weights, fp16 autocast compute
-    BF16_MIXED = "bf16-mixed"  # fp32 master weights, bf16 autocast compute
+    FP16_MIXED = "fp16-mixed"  # fp32 trained weights, fp16 compute (autocast, an FSDP policy or DeepSpeed's fp16)
+    BF16_MIXED = "bf16-mixed"  # fp32 trained weights, bf16 compute (likewise)
     FP16 = "fp16"  # pure half: weights, gradients, optimizer state in fp16
     BF16 = "bf16"  # pure bfloat16
 
@@ -46,11 +79,17 @@ class Precision(enum.Enum):
 
 
 class Optimizer(enum.Enum):
-    """The optimizer and its state."""
+    """The optimizer and its state (the HF Trainer's default on torch >= 2.8 is ``adamw-fused``)."""
 
-    ADAMW = "adamw"  # two fp32 moments per trained parameter
+    ADAMW = "adamw"  # torch.optim.AdamW as constructed by hand: foreach on CUDA (one state-sized sqrt temporary)
+    ADAMW_FUSED = "adamw-fused"  # AdamW(fused=True), the Trainer's default optim="adamw_torch_fused": no temporary
     ADAMW_8BIT = "adamw-8bit"  # bitsandbytes 8-bit AdamW: two 1-byte moments plus block scales
     SGD = "sgd"  # SGD with momentum: one moment
+
+    @property
+    def adam(self) -> bool:
+        """Two full-precision moments per trained parameter (torch's AdamW, foreach or fused)?"""
+        return self in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
 
 
 class Attention(enum.Enum):

@@ -30,11 +30,18 @@ class GPUSpec:
     memory_bandwidth_bytes_per_s: int
     host_link: str  # "PCIe 3.0 x16"
     host_link_bytes_per_s: int  # per direction
+    interconnect: str  # GPU to GPU: "NVLink 3 (SXM4) ..." or "PCIe only (...)"
+    gpu_to_gpu_bytes_per_s: int  # per direction, theoretical
     sources: MappingProxyType = field(compare=False, repr=False)
     notes: str = field(default="", compare=False, repr=False)
 
     def __hash__(self) -> int:  # equal specs have equal names
         return hash(self.name)
+
+    @property
+    def nvlink(self) -> bool:
+        """Are the GPUs of a node joined by NVLink (else PCIe)?"""
+        return self.interconnect.startswith("NVLink")
 
 
 def known_gpus() -> list[str]:
@@ -63,6 +70,8 @@ def load_gpu(name: str) -> GPUSpec:
         memory_bandwidth_bytes_per_s=int(raw["memory_bandwidth_bytes_per_s"]),
         host_link=raw["host_link"],
         host_link_bytes_per_s=int(raw["host_link_bytes_per_s"]),
+        interconnect=str(raw["interconnect"]),
+        gpu_to_gpu_bytes_per_s=int(raw["gpu_to_gpu_bytes_per_s"]),
         sources=MappingProxyType(dict(raw["sources"])),
         notes=raw.get("notes", ""),
     )

@@ -81,10 +81,10 @@ def validate(setup: TrainingSetup) -> TrainingSetup:
         for target in setup.lora_targets:
             if target not in LORA_TARGET_CHOICES:
                 raise UnknownNameError("LoRA target module", target, LORA_TARGET_CHOICES)
-    if setup.method is Method.QLORA and setup.strategy in (Strategy.FSDP_OFFLOAD,):
+    if setup.method is Method.QLORA and setup.strategy.offloads:
         raise InvalidValueError(
-            "method 'qlora' with strategy 'fsdp-offload' is not supported (4-bit weights are not offloaded "
-            "by FSDP); use fsdp, ddp or single"
+            f"method 'qlora' with strategy '{setup.strategy.value}' is not supported (4-bit weights are not "
+            "offloaded by FSDP); use fsdp, fsdp2, ddp or single"
         )
     return setup
 

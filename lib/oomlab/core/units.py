@@ -10,6 +10,7 @@ KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
 
+
 def ceil_div(numerator: int, denominator: int) -> int:
     """``ceil(numerator / denominator)`` in integers (a shard of ``numerator`` bytes over ``denominator`` ranks)."""
     return -(-numerator // denominator)

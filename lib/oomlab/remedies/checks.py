@@ -46,7 +46,7 @@ from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
 from oomlab.remedies.throughput import flops_per_token
 
-VERIFY_VERSION = 1  # bump when what a verification records changes
+VERIFY_VERSION = 2  # bump when what a verification records changes
 WORLD_SIZE = 4
 
 
@@ -89,7 +89,7 @@ def _nbytes(t: Any) -> int:
 
 def fsdp_setup(world_size: int = WORLD_SIZE) -> TrainingSetup:
     """The tiny fp32 setup the multi-process run trains (fp32: DDP and FSDP losses comparable step by step)."""
-    return tiny_setup(strategy="fsdp", gpus=world_size, precision="fp32", optimizer="adamw", batch=2, seq=64)
+    return tiny_setup(strategy="fsdp2", gpus=world_size, precision="fp32", optimizer="adamw", batch=2, seq=64)
 
 
 def _fsdp_worker(rank: int, world_size: int, out_dir: str, steps: int) -> None:

@@ -12,16 +12,16 @@ from oomlab.core.units import format_signed_size, format_size
 from oomlab.remedies.knobs import KnobChange
 from oomlab.remedies.placement import DeviceMapPlacement, layer_index
 from oomlab.remedies.plan import Plan
-from oomlab.remedies.remedy import Remedy
+from oomlab.remedies.remedy import Remedy, launcher
 
 
 def format_tokens_per_s(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-REMEDY_HEADERS = ("#", "remedy", "fits", "per-GPU peak", "headroom", "host RAM", "max micro-batch",
+REMEDY_HEADERS = ("#", "remedy", "launched by", "fits", "per-GPU peak", "headroom", "host RAM", "max micro-batch",
                   "max seq (batch 1)", "tokens/s", "why")
-COMPACT_REMEDY_HEADERS = REMEDY_HEADERS[:7] + ("tokens/s",)  # the report's table: no max seq, no reason
+COMPACT_REMEDY_HEADERS = REMEDY_HEADERS[:8] + ("tokens/s",)  # the report's table: no max seq, no reason
 
 
 def remedy_rows(seed: Remedy, remedies: Sequence[Remedy], top: int = 15, *, compact: bool = False
@@ -29,7 +29,7 @@ def remedy_rows(seed: Remedy, remedies: Sequence[Remedy], top: int = 15, *, comp
     """The user's configuration, then the ``top`` ranked remedies, as display rows (``compact``: the report's)."""
     rows = []
     for i, r in enumerate([seed, *remedies[:top]]):
-        row = ("as configured" if i == 0 else str(i), r.name, "yes" if r.fits else "no",
+        row = ("as configured" if i == 0 else str(i), r.name, launcher(r.route, r.strategy), "yes" if r.fits else "no",
                format_signed_size(r.per_gpu_peak_bytes), format_signed_size(r.headroom_bytes),
                format_signed_size(r.host_ram_bytes), "-" if r.max_batch is None else str(r.max_batch))
         if compact:

@@ -26,6 +26,7 @@ class FitMap:
                 "peak_bytes": [list(r) for r in self.peak_bytes], "fits": [list(r) for r in self.fits],
                 "capacity_bytes": self.capacity_bytes}
 
+
 def fit_map(remedy: Remedy, host_ram_bytes: int, batches: Iterable[int] = (1, 2, 4, 8, 16, 32),
             seqs: Iterable[int] | None = None, outside_bytes: int | None = None) -> FitMap:
     """The remedy's per-GPU peak and fit at every (micro-batch, sequence length) of the grid."""

@@ -16,10 +16,10 @@ from oomlab.remedies.remedy import Evaluator, reason
 DEVICE_MAP_KNOB = Route.DEVICE_MAP.value  # the "strategy" knob's value for accelerate's device_map route
 
 KNOB_VALUES: dict[str, tuple[Any, ...]] = {
-    "strategy": ("single", "zero1", "zero2", "fsdp", "fsdp-offload", DEVICE_MAP_KNOB),
+    "strategy": ("single", "zero1", "zero2", "fsdp", "fsdp-offload", "fsdp2", "fsdp2-offload", DEVICE_MAP_KNOB),
     "method": ("lora", "qlora"),
     "precision": ("fp32", "fp16", "bf16-mixed", "bf16"),
-    "optimizer": ("adamw-8bit", "sgd"),
+    "optimizer": ("adamw", "adamw-fused", "adamw-8bit", "sgd"),
     "checkpointing": (True,),
     "seq": (1024, 512),
 }

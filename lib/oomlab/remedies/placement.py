@@ -37,6 +37,7 @@ class GPUPlacement:
         return {"device": self.device, "modules": list(self.modules), "layers": list(self.layers),
                 "weight_bytes": self.weight_bytes, "peak_bytes": self.peak_bytes}
 
+
 @dataclass(frozen=True)
 class DeviceMapPlacement:
     """accelerate's ``infer_auto_device_map`` after ``get_balanced_memory``, as ``device_map="auto"`` does."""
@@ -54,6 +55,7 @@ class DeviceMapPlacement:
         return {"max_memory": {str(k): v for k, v in self.max_memory.items()},
                 "gpus": [g.to_dict() for g in self.gpus], "spilled": list(self.spilled)}
 
+
 @lru_cache(maxsize=16)
 def _meta_module_sizes(spec: ModelSpec) -> tuple[Any, dict[str, int]]:
     """The fp16 meta model (transformers, no weights) and accelerate's module sizes for it."""
@@ -63,6 +65,7 @@ def _meta_module_sizes(spec: ModelSpec) -> tuple[Any, dict[str, int]]:
     return model, dict(compute_module_sizes(model, dtype="float16"))
 
 _SIZE_MEMO: dict[tuple, Any] = {}
+
 
 @contextlib.contextmanager
 def _memoised_sizes() -> Iterator[None]:
@@ -94,6 +97,7 @@ def _memoised_sizes() -> Iterator[None]:
     with mock.patch.object(acc, "compute_module_sizes", memo_sizes), \
             mock.patch.object(acc, "find_tied_parameters", memo_tied):
         yield
+
 
 def layer_index(name: str) -> int | None:
     parts = name.split(".")

@@ -24,7 +24,7 @@ from oomlab.remedies.knobs import KnobChange, knob_table
 from oomlab.remedies.placement import DeviceMapPlacement, place_device_map
 from oomlab.remedies.remedy import MAX_BATCH_SEARCH, Evaluator, Remedy, dropped_remedy, evaluate_remedy
 from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, describe_assumptions
-from oomlab.reproduction.outside import seed_outside_bytes
+from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.walk import unlimited_walk
 
 
@@ -66,6 +66,7 @@ class Plan:
                 "recommended": None if rec is None else rec.to_dict(), "assumptions": list(self.assumptions),
                 "seq_note": self.seq_note, "lora_rank": self.lora_rank}
 
+
 def seed_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = 1, *, seq: int = 2048,
                batch: int = 1, precision: str = "fp16-mixed", optimizer: str = "adamw", checkpointing: bool = False,
                attention: str = "sdpa", lora_rank: int = 8) -> TrainingSetup:
@@ -75,22 +76,25 @@ def seed_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int
                       optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing, attention=attention,
                       lora_rank=lora_rank)
 
+
 def _seed_reason(remedy: Remedy, setup: TrainingSetup) -> str:
     """The seed row's reason: the replica alone, as notebook 01 reproduced, then the step."""
     try:
         need = unlimited_walk(setup.model.name, "float16")[-1].reserved_bytes
     except Exception:  # noqa: BLE001 - a model given by path: state the step only
         return remedy.reason
-    usable = setup.gpu.total_memory_bytes - seed_outside_bytes()
+    usable = setup.gpu.total_memory_bytes - case_outside(setup.model.name, setup.gpu, setup.world_size).context_bytes
     where = "fails before training: " if need > usable else ""
     return (f"{where}model.to('cuda') of the fp16 replica reserves {format_size(need)} on each GPU, "
             f"{format_size(usable)} usable (notebook 01); the training step: {remedy.reason}")
+
 
 def _rank_key(r: Remedy) -> tuple:
     """Fitting first, sound before caveated, faster first (to 3 significant figures: the estimate is no finer);
     ties to plain AdamW (8-bit states save little on adapters and add a dependency), then the smaller peak."""
     tps = float(f"{r.tokens_per_s:.3g}") if r.tokens_per_s else 0.0
-    return (not r.fits, not r.recommendable, -tps, r.optimizer is not Optimizer.ADAMW, r.per_gpu_peak_bytes or 0)
+    return (not r.fits, not r.recommendable, -tps, not r.optimizer.adam, r.per_gpu_peak_bytes or 0)
+
 
 def make_plan(
     model: str | ModelSpec = "llama-13b",
@@ -152,6 +156,7 @@ def make_plan(
                 assumptions=tuple(describe_assumptions(gpu_spec, assumptions))
                 + (f"host RAM {format_size(host_ram_bytes)} per node (assumption unless given)",),
                 seq_note=seq_note, lora_rank=lora_rank)
+
 
 def distinct_top(plan: Plan, n: int = 3) -> tuple[Remedy, ...]:
     """The best recommendable remedy of each (route, strategy, method), best first, ``n`` of them."""

@@ -93,8 +93,27 @@ class Remedy:
 
 
 _STRATEGY_NAMES = {Strategy.SINGLE: "one GPU", Strategy.DDP: "DDP", Strategy.ZERO1: "ZeRO-1",
-                   Strategy.ZERO2: "ZeRO-2", Strategy.FSDP: "FSDP full shard",
-                   Strategy.FSDP_OFFLOAD: "FSDP full shard + CPU offload"}
+                   Strategy.ZERO2: "ZeRO-2", Strategy.FSDP: "FSDP1 full shard",
+                   Strategy.FSDP_OFFLOAD: "FSDP1 full shard + CPU offload",
+                   Strategy.FSDP2: "FSDP2 fully_shard", Strategy.FSDP2_OFFLOAD: "FSDP2 fully_shard + CPU offload"}
+
+_LAUNCHERS = {
+    Strategy.SINGLE: "accelerate launch --num_processes 1 (or python / the HF Trainer on one GPU)",
+    Strategy.DDP: "accelerate launch, distributed_type MULTI_GPU (DDP; torchrun + the HF Trainer likewise)",
+    Strategy.FSDP: "accelerate launch, distributed_type FSDP, fsdp_version 1 (accelerate's default)",
+    Strategy.FSDP_OFFLOAD: "accelerate launch, FSDP fsdp_version 1, fsdp_offload_params true",
+    Strategy.FSDP2: "accelerate launch, FSDP fsdp_version 2 (the HF Trainer's default with --fsdp)",
+    Strategy.FSDP2_OFFLOAD: "accelerate launch, FSDP fsdp_version 2, fsdp_offload_params true",
+    Strategy.ZERO1: "deepspeed (or accelerate launch), DeepSpeed ZeRO stage 1",
+    Strategy.ZERO2: "deepspeed (or accelerate launch), DeepSpeed ZeRO stage 2",
+}
+
+
+def launcher(route: Route, strategy: Strategy) -> str:
+    """The launch a remedy stands for: the command and the distributed configuration that run it."""
+    if route is Route.DEVICE_MAP:
+        return "python, from_pretrained(device_map='auto'): one process over every GPU"
+    return _LAUNCHERS[strategy]
 
 
 def remedy_name(route: Route, strategy: Strategy, method: Method, precision: Precision, optimizer: Optimizer,
@@ -128,7 +147,7 @@ def caveats(setup: TrainingSetup) -> tuple[Caveat, ...]:
 
 def offload_of(route: Route, strategy: Strategy) -> str | None:
     """What the remedy keeps on the host, or None."""
-    if route is Route.PROCESS_PER_GPU and strategy is Strategy.FSDP_OFFLOAD:
+    if route is Route.PROCESS_PER_GPU and strategy.offloads:
         return "cpu: parameters, gradients, optimizer state"
     return None
 

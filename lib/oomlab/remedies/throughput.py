@@ -79,15 +79,18 @@ class Flops:
     def total(self) -> int:
         return self.forward + self.backward + self.recompute
 
+
 def matmul_parameters(setup: TrainingSetup) -> int:
     """N: parameters that multiply activations -- every layer's projections and the LM head (Kaplan's N, + head)."""
     spec = setup.model
     return spec.num_hidden_layers * spec.layer_matmul_params + spec.embedding_params
 
+
 def attention_flops_per_token(setup: TrainingSetup) -> int:
     """Forward QK^T and AV: ``2 · 2 · s · d_attn`` per token per layer (the full square, as FlopCounterMode)."""
     spec = setup.model
     return spec.num_hidden_layers * 4 * setup.seq * spec.num_attention_heads * spec.head_dim
+
 
 def flops_per_token(setup: TrainingSetup) -> Flops:
     """FLOPs per token: forward 2N (+attention), backward 4N full / 2N + 4N_lora LoRA, + recompute.
@@ -132,6 +135,7 @@ class StepTime:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
 
+
 def collective_bytes(setup: TrainingSetup) -> int:
     """Bytes each GPU sends per step in the strategy's collectives (ring algorithms)."""
     n = setup.world_size
@@ -146,14 +150,16 @@ def collective_bytes(setup: TrainingSetup) -> int:
         return round(frac * (grads + weights))
     return round(frac * (2 * weight_bytes_total(setup) + grads))  # FSDP: gather fwd + bwd, reduce-scatter
 
+
 def host_link_bytes(setup: TrainingSetup) -> int:
     """Bytes each GPU moves over the host link per step: FSDP offload copies its shards in and its grads out."""
-    if setup.strategy is not Strategy.FSDP_OFFLOAD:
+    if not setup.strategy.offloads:
         return 0
     n = setup.world_size
     shard = ceil_div(weight_bytes_total(setup), n)
     grads = ceil_div(grad_bytes_per_param(setup) * trainable_parameters(setup), n)
-    return 2 * shard + grads  # NB: FSDP2 CPUOffloadPolicy copies the shard to the GPU in forward and backward
+    return 2 * shard + grads  # the shard to the GPU for forward and again for backward, the grads out
+
 
 def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Route.PROCESS_PER_GPU) -> StepTime:
     """The step time of ``setup`` (per GPU; one GPU at a time on the device-map route)."""
@@ -170,7 +176,7 @@ def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Rou
     collectives = collective_bytes(setup) / link
     host = host_link_bytes(setup) / link
     host_opt = 0.0
-    if setup.strategy is Strategy.FSDP_OFFLOAD:
+    if setup.strategy.offloads:
         host_opt = trainable_parameters(setup) / setup.nodes / assumptions.host_optimizer_params_per_s
     parallel = 1 if setup.strategy is Strategy.SINGLE else setup.world_size
     if assumptions.overlap:

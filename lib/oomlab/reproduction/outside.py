@@ -1,10 +1,12 @@
-"""Memory held on the seed's GPU outside PyTorch, derived from the seed's own figures."""
+"""Memory held outside PyTorch: the seed's, derived from its own figures, and each case's (the shipped figures of
+:mod:`oomlab.core.outside` otherwise)."""
 
 from __future__ import annotations
 
 from functools import cache
 
-from oomlab.core.gpus import load_gpu
+from oomlab.core.gpus import GPUSpec, load_gpu
+from oomlab.core.outside import OutsideMemory, TorchEra, outside_memory
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, seed_figures
 from oomlab.core.units import format_size
 from oomlab.reproduction.walk import unlimited_walk
@@ -31,3 +33,19 @@ def seed_outside_bytes() -> int:
     if len(matches) != 1:  # pragma: no cover - guards the derivation itself
         raise RuntimeError(f"expected exactly one point of the walk to match the seed, found {len(matches)}")
     return gpu.total_memory_bytes - matches[0].reserved_bytes - figures.free_bytes
+
+
+def case_outside(model: str, gpu: GPUSpec, world_size: int = 1, dtype: str = SEED_DTYPE,
+                 era: TorchEra = TorchEra.NEW) -> OutsideMemory:
+    """Memory outside PyTorch for a case: the seed's own derived figure for the seed's case (llama-13b in float16 on
+    a T4, the user's torch 2.0 run) plus the shipped NCCL figure for its world size, else the shipped figures for the
+    GPU, the world size and the era."""
+    shipped = outside_memory(gpu, world_size, era)
+    if (model, gpu.name, dtype) != (SEED_MODEL, SEED_GPU, SEED_DTYPE):
+        return shipped
+    derived = seed_outside_bytes()
+    source = (f"CUDA context {format_size(derived)} derived from the user's own message: total capacity - reserved - "
+              "free on the seed's T4 under torch 2.0 (derived)")
+    if shipped.nccl_bytes:
+        source += "; " + shipped.source.split("; ", 1)[1]
+    return OutsideMemory(derived, shipped.nccl_bytes, source)

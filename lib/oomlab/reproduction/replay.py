@@ -15,10 +15,11 @@ from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.modeling import tensor_nbytes, unique_tensors
 from oomlab.core.models import ModelSpec, load_model
+from oomlab.core.outside import TorchEra
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
-from oomlab.core.units import MiB, format_size
+from oomlab.core.units import MiB
 from oomlab.reproduction.allocator import CachingAllocator, get_allocation_size, round_size
-from oomlab.reproduction.outside import seed_outside_bytes
+from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.result import FailingTensor, ReproduceResult, traceback_frames
 from oomlab.reproduction.walk import unlimited_walk, walk_apply
 
@@ -55,17 +56,19 @@ def reproduce(
 ) -> ReproduceResult:
     """Move ``model`` in ``dtype`` to one ``gpu`` as ``model.to("cuda")`` does, and report the outcome.
 
-    ``non_pytorch_mib`` is the memory held on the GPU outside PyTorch (CUDA context, other processes);
-    by default the figure derived from the seed's message (:func:`seed_outside_bytes`).
-    ``message_format`` defaults to the seed's (``"torch<=2.0"``) when simulated.
+    ``non_pytorch_mib`` is the memory held on the GPU outside PyTorch (CUDA context, other processes); by default
+    the case's (:func:`oomlab.reproduction.outside.case_outside`: the seed's derived figure for the seed's case, else
+    the shipped one for the GPU and the torch era of the message format).
+    ``message_format`` (simulated device): ``"auto"`` or None gives the seed's torch <= 2.0 wording for the seed's
+    case and the current (torch >= 2.1) one otherwise.
     """
-    spec, dt, gpu_spec, where, fmt = validate(model, dtype, gpu, non_pytorch_mib, device, message_format or "old")
+    if message_format in (None, "auto"):
+        message_format = "old" if (str(model), str(gpu), str(dtype)) == (SEED_MODEL, SEED_GPU, SEED_DTYPE) else "new"
+    spec, dt, gpu_spec, where, fmt = validate(model, dtype, gpu, non_pytorch_mib, device, message_format)
     if non_pytorch_mib is None:
-        outside = seed_outside_bytes()
-        outside_source = (
-            "derived from the seed's message: total capacity - reserved - free "
-            f"= {format_size(outside)} (the T4's CUDA context and driver)"
-        )
+        era = TorchEra.OLD if fmt is MessageFormat.OLD else TorchEra.NEW
+        shipped = case_outside(spec.name, gpu_spec, 1, dt.name, era)
+        outside, outside_source = shipped.total_bytes, shipped.source
     else:
         outside = round(non_pytorch_mib * MiB)
         outside_source = "given (--non-pytorch-mib)"
