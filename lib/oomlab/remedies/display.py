@@ -71,8 +71,9 @@ def render_plan(plan: Plan, top: int = 15) -> str:
              f"{format_size(plan.host_ram_bytes)}: {len(plan.fitting)} of {len(plan.remedies)} remedies fit "
              f"({len(plan.dropped)} dropped)", ""]
     for row in remedy_rows(plan.seed, plan.remedies, top):
-        idx, name, fits, peak, head, host, mb, ms, tps, why = row
+        idx, name, launch, fits, peak, head, host, mb, ms, tps, why = row
         lines.append(f"{idx:>4}  {name}")
+        lines.append(f"      launched by {launch}")
         lines.append(f"      fits {fits}; per-GPU peak {peak}; headroom {head}; host RAM {host}; max micro-batch "
                      f"{mb}; max seq {ms}; tokens/s {tps}")
         lines.append(f"      {why}")

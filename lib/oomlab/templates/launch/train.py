@@ -1,4 +1,4 @@
-"""Fine-tune a causal language model with accelerate (FSDP or DeepSpeed, from the launch config) and peft.
+"""Fine-tune a causal language model with accelerate (DDP, FSDP1, FSDP2 or DeepSpeed, from the launch config) and peft.
 
 Written by oomlab (``python -m oomlab plan --write-configs``); see LAUNCH.md next to this file for the commands.
 
@@ -8,6 +8,12 @@ Written by oomlab (``python -m oomlab plan --write-configs``); see LAUNCH.md nex
 ``--data`` is a UTF-8 text file, tokenized and cut into ``--seq``-token blocks; without it, random token ids are used
 (a memory and speed check).  ``--tiny-config config.json`` builds a randomly initialised model from a config instead
 of downloading weights (what oomlab's tests run on CPU).
+
+The model and the optimizer go through ``accelerator.prepare(model, optimizer)`` together, the optimizer built on the
+unwrapped model's trainable parameters, as accelerate's FSDP2 path requires (accelerate/accelerator.py, ``prepare``:
+"When using FSDP2, a model and optimizer must be passed together"). After the first step a ``{"prepared": ...}``
+line says what accelerate built: the distributed type, the wrapped model's class, whether the forward runs under
+accelerate's autocast, and the dtype the first decoder layer computes in.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-alpha", type=int, default=16)
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
-    p.add_argument("--optimizer", choices=("adamw", "adamw-8bit"), default="adamw")
+    p.add_argument("--optimizer", choices=("adamw", "adamw-fused", "adamw-8bit", "sgd"), default="adamw",
+                   help="adamw: torch AdamW (foreach on GPUs); adamw-fused: AdamW(fused=True), the HF Trainer's "
+                        "default; adamw-8bit: bitsandbytes AdamW8bit; sgd: SGD with momentum 0.9")
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     p.add_argument("--batch", type=int, default=1, help="micro-batch per GPU")
@@ -44,11 +52,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def half_dtype(accelerator: Accelerator) -> torch.dtype:
+    """The compute dtype of the launch's mixed precision (fp32 without one)."""
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision, torch.float32)
+
+
 def load_model(args: argparse.Namespace, accelerator: Accelerator) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    half = torch.float16 if accelerator.mixed_precision == "fp16" else (
-        torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32)
+    half = half_dtype(accelerator)
     # LoRA trains adapters over a frozen base kept in half precision; full fine-tuning keeps fp32 master weights
     dtype = torch.float32 if args.method == "full" else half
     kwargs = {"dtype": dtype}
@@ -86,7 +98,7 @@ def load_model(args: argparse.Namespace, accelerator: Accelerator) -> torch.nn.M
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.checkpointing)
         config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
                             target_modules=[t for t in args.lora_targets.split(",") if t])
-        model = get_peft_model(model, config)
+        model = get_peft_model(model, config)  # adapters in fp32 over the half base (peft's autocast_adapter_dtype)
     return model
 
 
@@ -110,34 +122,93 @@ def batches(args: argparse.Namespace, vocab_size: int, rank: int):
         yield torch.randint(0, vocab_size, (args.batch, args.seq), generator=generator)
 
 
-def shard_on_cpu(model: torch.nn.Module) -> torch.nn.Module:
-    """FSDP2 on CPU, from the FSDP_* variables ``accelerate launch`` sets from the config.
-
-    accelerate applies FSDP only on accelerators; on a CPU test run it would fall back to DDP. This applies the
-    same sharding -- ``fully_shard`` on each wrapped decoder layer, then the root -- so the CPU run trains as the
-    GPU run does.
-    """
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    classes = set(os.environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "LlamaDecoderLayer").split(","))
-    kwargs = {"reshard_after_forward": os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() == "true"}
-    if os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true":
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-    if os.environ.get("ACCELERATE_MIXED_PRECISION", "no") == "fp16":
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
-    for module in model.modules():
-        if type(module).__name__ in classes:
-            fully_shard(module, **kwargs)
-    fully_shard(model, **kwargs)
-    return model
-
-
 def make_optimizer(args: argparse.Namespace, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer oomlab budgeted (``--optimizer``), over the trainable parameters."""
     if args.optimizer == "adamw-8bit":
         import bitsandbytes as bnb
 
         return bnb.optim.AdamW8bit(params, lr=args.lr)
-    return torch.optim.AdamW(params, lr=args.lr)
+    if args.optimizer == "adamw-fused":  # the HF Trainer's default optim="adamw_torch_fused" (torch >= 2.8)
+        return torch.optim.AdamW(params, lr=args.lr, fused=True)
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+    return torch.optim.AdamW(params, lr=args.lr)  # foreach on CUDA (torch's default when neither flag is given)
+
+
+def is_fsdp1(accelerator: Accelerator) -> bool:
+    return accelerator.distributed_type == DistributedType.FSDP and accelerator.state.fsdp_plugin.fsdp_version == 1
+
+
+def wrap_adapters_separately(model: torch.nn.Module, accelerator: Accelerator) -> None:
+    """FSDP1 + LoRA/QLoRA: wrap each trainable LoRA module in its own FSDP unit, as the HF Trainer does.
+
+    The Trainer calls ``update_fsdp_plugin_peft`` before preparing an FSDP1 peft model
+    (transformers/trainer.py:1760-1762 in transformers 5.24; transformers/distributed/fsdp.py:267-286): it sets
+    peft's ``fsdp_auto_wrap_policy`` (peft/utils/other.py:1271-1308: the decoder layers, plus every leaf module whose
+    weight requires grad) and, for bitsandbytes 4-bit with a float storage dtype, the FSDP mixed precision to that
+    storage dtype. Without it a decoder-layer unit flattens the frozen half base together with peft's fp32 adapters
+    ("Must flatten tensors with uniform dtype", torch/distributed/fsdp/_flat_param.py:814) -- or, with half
+    adapters, accelerate upcasts the whole unit, frozen base included, to fp32 because one member requires grad
+    (accelerate/accelerator.py:2029-2038). FSDP2 shards each parameter on its own and needs neither (the Trainer
+    skips it there too).
+    """
+    from peft.utils.other import fsdp_auto_wrap_policy
+
+    plugin = accelerator.state.fsdp_plugin
+    plugin.auto_wrap_policy = fsdp_auto_wrap_policy(model)
+    quantization = getattr(getattr(model, "hf_quantizer", None), "quantization_config", None)
+    storage = getattr(quantization, "bnb_4bit_quant_storage", None)
+    if isinstance(storage, torch.dtype) and storage.is_floating_point:
+        plugin.set_mixed_precision(storage, override=True)
+
+
+def describe_prepared(accelerator: Accelerator, model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer) -> dict[str, object]:
+    """What ``accelerator.prepare`` built: distributed type, wrapper class, autocast wrap, FSDP1 flat params."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+
+    inner = accelerator.unwrap_model(model, keep_fp32_wrapper=True)
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    base_optimizer = getattr(optimizer, "optimizer", optimizer)  # inside accelerate's AcceleratedOptimizer
+    out: dict[str, object] = {
+        "distributed_type": accelerator.distributed_type.value,
+        "fsdp_version": plugin.fsdp_version if accelerator.distributed_type == DistributedType.FSDP else None,
+        "mixed_precision": accelerator.mixed_precision,
+        "model_class": type(model).__name__,
+        "fsdp2_module": isinstance(model, FSDPModule),
+        # prepare_model keeps the original forward here when it wraps it in torch.autocast (DDP, FSDP1, one GPU)
+        "accelerate_autocast": hasattr(inner, "_original_forward") or hasattr(model, "_original_forward"),
+        "optimizer": type(base_optimizer).__name__,
+        "optimizer_fused": bool(getattr(base_optimizer, "defaults", {}).get("fused")),
+        # the optimizer steps the parameters the model trains with (FSDP2: re-pointed at the shards by prepare)
+        "optimizer_holds_model_params": {id(p) for g in optimizer.param_groups for p in g["params"]}
+        <= {id(p) for p in model.parameters()},
+        "scaler": None if accelerator.scaler is None else type(accelerator.scaler).__name__,
+    }
+    if isinstance(model, FSDP1):
+        units = [m for m in FSDP1.fsdp_modules(model) if m._has_params]
+        out["fsdp1_flat_params"] = sorted({(str(m._flat_param.dtype).removeprefix("torch."),
+                                            bool(m._flat_param.requires_grad)) for m in units})
+    return out
+
+
+def probe_first_layer(model: torch.nn.Module, seen: dict[str, object]) -> None:
+    """Record, once, whether the first decoder layer's forward runs under autocast and its weights' dtype."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    classes = set(getattr(base, "_no_split_modules", None) or ())
+    layer = next((m for m in base.modules() if type(m).__name__ in classes), None)
+    if layer is None:
+        return
+
+    def hook(module: torch.nn.Module, args: tuple) -> None:
+        if not seen:
+            weight = next(module.parameters())
+            device = weight.device.type
+            seen.update(autocast=torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None,
+                        weight_dtype=weight.dtype)
+
+    layer.register_forward_pre_hook(hook)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,11 +227,23 @@ def main(argv: list[str] | None = None) -> None:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    cpu_fsdp = (os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-                and accelerator.distributed_type == DistributedType.MULTI_CPU)
-    model = shard_on_cpu(model) if cpu_fsdp else accelerator.prepare(model)
-    optimizer = accelerator.prepare(make_optimizer(args, [p for p in model.parameters() if p.requires_grad]))
+    seen: dict[str, object] = {}
+    probe_first_layer(model, seen)
+    optimizer = make_optimizer(args, [p for p in model.parameters() if p.requires_grad])
+    if is_fsdp1(accelerator) and args.method != "full":
+        wrap_adapters_separately(model, accelerator)
+    # One call, the optimizer built first on the unwrapped model: FSDP2 requires both together and re-points the
+    # optimizer at the sharded DTensors (accelerate/accelerator.py:1508-1521, 1715-1766); DeepSpeed takes both too.
+    # FSDP1 with use_orig_params (as written in accelerate_fsdp*.yaml) keeps these parameter objects and swaps their
+    # .data for shard views (torch/distributed/fsdp/_flat_param.py:2128, _use_sharded_views), so the optimizer built
+    # before wrapping steps the shards -- where the Trainer instead builds it after prepare(model) for FSDP1
+    # (transformers/trainer.py:1717-1722, 1763-1766).
+    model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
+    prepared = describe_prepared(accelerator, model, optimizer)
+    if not prepared["optimizer_holds_model_params"] and accelerator.distributed_type != DistributedType.DEEPSPEED:
+        raise SystemExit("the optimizer does not step the prepared model's parameters: with FSDP1 set "
+                         "fsdp_use_orig_params: true in the accelerate config (as oomlab writes it)")
     data = batches(args, vocab_size, accelerator.process_index)
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
@@ -173,18 +256,19 @@ def main(argv: list[str] | None = None) -> None:
         value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
         if not math.isfinite(value):
             raise SystemExit(f"step {step}: loss is {value}")
+        if step == 1:  # after the first forward: the probe has seen the first decoder layer run
+            prepared["forward"] = {k: str(v).removeprefix("torch.") if v is not None else None
+                                   for k, v in seen.items()}
+            prepared["loss_dtype"] = str(loss.dtype).removeprefix("torch.")
+            if accelerator.is_main_process:
+                emit({"prepared": prepared}, args.log_json)
         if accelerator.is_main_process:
             tokens = args.batch * args.seq * accelerator.num_processes
             record = {"step": step, "loss": value, "seconds": seconds, "tokens_per_s": tokens / seconds}
             if torch.cuda.is_available():
                 record["max_memory_allocated"] = torch.cuda.max_memory_allocated()
                 record["max_memory_reserved"] = torch.cuda.max_memory_reserved()
-            if cpu_fsdp:
-                record["fsdp_on_cpu"] = True
-            print(json.dumps(record), flush=True)
-            if args.log_json:
-                with open(args.log_json, "a") as f:
-                    f.write(json.dumps(record) + "\n")
+            emit(record, args.log_json)
     accelerator.wait_for_everyone()
     if args.output_dir:
         os.makedirs(args.output_dir, exist_ok=True)
@@ -192,6 +276,15 @@ def main(argv: list[str] | None = None) -> None:
             args.output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
             state_dict=accelerator.get_state_dict(model))
     accelerator.end_training()
+
+
+def emit(record: dict[str, object], log_json: str | None) -> None:
+    """Print one JSON line; append it to ``--log-json`` too."""
+    line = json.dumps(record)
+    print(line, flush=True)
+    if log_json:
+        with open(log_json, "a") as f:
+            f.write(line + "\n")
 
 
 if __name__ == "__main__":
