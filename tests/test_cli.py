@@ -63,3 +63,88 @@ def test_run_rejects_unknown_parameter_before_any_notebook(tmp_path, capsys) -> 
     err = capsys.readouterr().err
     assert "unknown parameter 'modle'" in err and "model" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "--host-ram", "192"], "invalid host RAM '192': give it with a unit"),
+        (["plan", "--host-ram", "-5GiB"], "invalid host RAM '-5GiB': must be a positive size"),
+        (["plan", "--host-ram", "512MiB"], "must be at least"),
+        (["plan", "--gpus", "100000"], "invalid gpus 100000; must be at most 72"),
+        (["budget", "--seq", "1000000000"], "invalid seq 1000000000; llama-13b has max_position_embeddings 2048"),
+        (["reproduce", "--message-format", "torch3"], "invalid message format 'torch3'; choose auto, old or new"),
+    ],
+)
+def test_more_bad_input_exits_2_before_any_work(args: list[str], message: str, capsys) -> None:
+    """The rough edges a new user hit: each refused with exit 2, naming the value."""
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(args))
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pair", ["host_ram=192", "seq=1000000000", "gpus=100000"])
+def test_run_refuses_what_budget_and_plan_refuse(tmp_path, pair: str, capsys) -> None:
+    """The same rules for `run`, before any notebook: nothing is written."""
+    assert main(["run", "-p", pair, "--out", str(tmp_path / "out")]) == 2
+    assert pair.split("=")[0] in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_yaml_integer_host_ram_is_judged_like_the_flag(tmp_path, capsys) -> None:
+    """`host_ram: 192` in a params file is refused as `-p host_ram=192` is, not taken as a type error."""
+    (tmp_path / "p.yaml").write_text("host_ram: 192\n")
+    assert main(["run", "--params", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "out")]) == 2
+    assert "give it with a unit" in capsys.readouterr().err
+
+
+def test_broken_pipe_ends_quietly() -> None:
+    """`python -m oomlab plan | head -1`: no BrokenPipeError traceback."""
+    proc = subprocess.run(f"{sys.executable} -m oomlab plan | head -1", shell=True, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.stdout.startswith("llama-13b on 4 x t4")
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["reproduce", "explain", "budget", "plan"])
+def test_help_shows_every_default_and_the_known_names(command: str, capsys) -> None:
+    """Every option with a value says its default; --model and --gpu list the known names; no RST backticks."""
+    from oomlab.cli import build_parser
+    from oomlab.core.gpus import known_gpus
+
+    parser = build_parser()
+    sub = parser._subparsers._group_actions[0].choices[command]  # noqa: SLF001 - argparse keeps them there
+    with pytest.raises(SystemExit):
+        sub.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "``" not in text
+    for action in sub._actions:  # noqa: SLF001
+        if action.option_strings and action.default not in (None, "==SUPPRESS==") and action.dest != "help":
+            assert "default" in (action.help or "") or f"(default: {action.default})" in text, action.dest
+    if any(a.dest == "gpu" for a in sub._actions):  # noqa: SLF001
+        assert ", ".join(known_gpus()) in text
+
+
+def test_budget_and_plan_share_the_defaults() -> None:
+    """One set of defaults: budget, plan and reproduce take the pipeline's."""
+    from oomlab.cli import build_parser
+    from oomlab.pipeline.params import PARAMETERS
+
+    subs = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001
+    for command in ("budget", "plan"):
+        defaults = {a.dest: a.default for a in subs[command]._actions}  # noqa: SLF001
+        for key in ("model", "gpu", "gpus", "precision", "optimizer", "batch", "seq", "lora_rank"):
+            assert str(defaults[key]) == str(PARAMETERS[key].default), (command, key)
+
+
+def test_budget_cli_passes_checkpointing(capsys) -> None:
+    """`budget --checkpointing` reaches the estimate (the line says so and the activations shrink)."""
+    assert main(["budget", "--gpus", "1", "--method", "lora", "--json"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert main(["budget", "--gpus", "1", "--method", "lora", "--checkpointing", "--json"]) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert off["checkpointing"] is False and on["checkpointing"] is True
+    assert on["allocated_peak_bytes"] < off["allocated_peak_bytes"]
+    assert main(["budget", "--gpus", "1", "--method", "lora", "--checkpointing"]) == 0
+    assert "checkpointing on" in capsys.readouterr().out

@@ -10,15 +10,20 @@ from oomlab.budget.result import MemCategory
 from oomlab.core.choices import Strategy
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import known_gpus
+from oomlab.core.paths import MODEL_SPECS_DIR as MODELS_DIR
 from oomlab.core.setup import make_setup
 from oomlab.core.units import GiB, format_size
 from oomlab.explorer import (
+    AMBER,
+    GREEN,
     MAX_BATCH_SEARCH,
     Choices,
     build_explorer,
     explore,
+    explorer_intro,
     largest_micro_batch,
     render_verdict,
+    render_verdict_html,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -33,10 +38,7 @@ def explorer():
 @pytest.fixture
 def seed(explorer):
     """The explorer back at the seed's setup: llama-13b, 4 x T4, full fine-tuning, fp16-mixed, AdamW."""
-    defaults = Choices()
-    for name, control in explorer.controls.items():
-        value = getattr(defaults, name)
-        control.value = value / GiB if name == "host_ram_bytes" else value
+    explorer.set_choices(Choices())
     return explorer
 
 
@@ -127,11 +129,11 @@ def test_host_ram_control(seed) -> None:
     seed.controls["host_ram_bytes"].value = 4 * need / GiB
     assert seed.exploration.host_ram_fits
     assert render_verdict(seed.exploration)[1] == (
-        f"Host RAM: needs {format_size(need)} of {format_size(4 * need)} on the node - fits.")
+        f"Host RAM: needs {format_size(need)} of {format_size(4 * need)} per node - fits.")
     seed.controls["host_ram_bytes"].value = 1.0
     assert not seed.exploration.host_ram_fits
     assert render_verdict(seed.exploration)[1] == (
-        f"Host RAM: needs {format_size(need)} of 1024.00 MiB on the node - does not fit, "
+        f"Host RAM: needs {format_size(need)} of 1024.00 MiB per node - does not fit, "
         f"short by {format_size(need - GiB)}.")
 
 
@@ -230,3 +232,67 @@ def test_displays_as_a_widget(explorer) -> None:
     """The explorer displays as its widget box."""
     bundle = explorer._repr_mimebundle_()
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == explorer.ui.model_id
+
+
+def test_gpus_fit_but_host_ram_does_not_is_never_green(seed) -> None:
+    """A setup the GPUs hold but the host RAM does not: amber "fits the GPUs but not the host RAM", not green."""
+    seed.controls["gpu"].value = "h200"
+    seed.controls["method"].value = "qlora"
+    assert seed.exploration.result.fits
+    seed.controls["host_ram_bytes"].value = 1.0
+    ex = seed.exploration
+    assert not ex.fits and ex.colour == AMBER
+    first = render_verdict(ex)[0]
+    assert first.startswith("Fits the GPUs but not the host RAM")
+    assert GREEN not in render_verdict_html(ex).split("<br>")[0]
+
+
+def test_new_controls_reach_the_budget(seed) -> None:
+    """nodes, attention, LoRA targets and the memory outside PyTorch change the estimate."""
+    seed.controls["gpu"].value = "a100-80gb"
+    seed.controls["strategy"].value = "fsdp"
+    one = seed.exploration.result.components[MemCategory.OPTIMIZER_STATE]
+    seed.controls["nodes"].value = 2
+    assert seed.exploration.result.setup.world_size == 8
+    assert seed.exploration.result.components[MemCategory.OPTIMIZER_STATE] == pytest.approx(one / 2, rel=0.01)
+    seed.controls["method"].value = "lora"
+    base = seed.exploration.result.components.get(MemCategory.ACTIVATIONS, 0)
+    seed.controls["attention"].value = "eager"
+    assert seed.exploration.result.setup.attention.value == "eager"
+    assert seed.exploration.result.peak_phase is not None and seed.exploration.result.components.get(
+        MemCategory.ACTIVATIONS, 0) != base
+    seed.controls["lora_targets"].value = ("q_proj", "v_proj")
+    assert seed.exploration.result.setup.lora_targets == ("q_proj", "v_proj")
+    seed.controls["outside_mib"].value = 3000.0
+    assert seed.exploration.result.components[MemCategory.OUTSIDE_PYTORCH] == 3000 * 2**20
+    seed.controls["outside_mib"].value = -1.0  # back to the shipped figure
+    assert seed.exploration.result.components[MemCategory.OUTSIDE_PYTORCH] != 3000 * 2**20
+
+
+def test_model_field_takes_a_path_or_says_why_not(seed, tmp_path) -> None:
+    """The model field is free text: a config.json path works, a missing one is the verdict, not a crash."""
+    config = json.loads((MODELS_DIR / "llama-2-7b.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    seed.controls["model"].value = str(path)
+    assert seed.exploration.result is not None
+    seed.controls["model"].value = str(tmp_path / "missing.json")
+    assert seed.exploration.result is None and "missing.json" in seed.exploration.error
+
+
+def test_sequence_length_is_bounded_like_everywhere_else(seed) -> None:
+    """seq beyond the model's max_position_embeddings is refused in the verdict, as make_setup refuses it."""
+    seed.controls["seq"].value = 1_000_000
+    assert seed.exploration.result is None and "max_position_embeddings" in seed.exploration.error
+
+
+def test_default_strategy_matches_the_gpu_count() -> None:
+    """The default choices run one replica per GPU on the default 4 GPUs (ddp), not "single" on 4 GPUs."""
+    assert Choices().gpus > 1 and Choices().strategy == "ddp"
+
+
+def test_intro_speaks_of_the_chosen_case() -> None:
+    """The intro names the case's model, GPU and method, not the seed's."""
+    text = explorer_intro(Choices(model="mistral-7b", gpu="a100-80gb", gpus=2, method="lora"))
+    assert "mistral-7b" in text and "A100" in text and "LoRA r8" in text
+    assert "llama-13b" not in text and "T4" not in text

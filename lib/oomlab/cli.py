@@ -1,25 +1,28 @@
 """``python -m oomlab``: the library's functions on the command line.
 
 Bad input exits with code 2 and a message naming the bad value and what is accepted, before any work; a failed
-pipeline run exits with code 1.  Building the parser loads no torch (``--help`` answers at once); each command
-imports the stage it runs.
+pipeline run exits with code 1.  Building the parser loads no torch (--help answers at once); each command
+imports the stage it runs.  Every option's default is the pipeline's parameter of the same name.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from oomlab.budget.result import SOURCES
-from oomlab.core.choices import MESSAGE_FORMAT_NAMES, Attention, Device, Method, Optimizer, Precision, Strategy
+from oomlab.core.choices import Attention, Device, MessageFormat, Method, Optimizer, Precision, Strategy, message_format
 from oomlab.core.errors import InvalidValueError, OomlabError, PipelineError
-from oomlab.core.setup import DEFAULT_HOST_RAM, LORA_TARGET_CHOICES
-from oomlab.core.units import parse_size
-from oomlab.pipeline.params import render_params_help
+from oomlab.core.gpus import known_gpus
+from oomlab.core.models import known_models
+from oomlab.core.setup import LORA_TARGET_CHOICES
+from oomlab.core.units import parse_memory_size
+from oomlab.pipeline.params import PARAMETERS, render_params_help
 from oomlab.remedies.launch_files import CONFIGS_DIR
 
 EXIT_BAD_INPUT = 2
@@ -53,109 +56,170 @@ def _positive_int(text: str) -> int:
     return value
 
 
+_P = PARAMETERS  # one set of defaults: the pipeline's parameters (the seed's case)
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help line (argparse shows the choices in braces); an option without one
+    (None) says in its help what happens instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _model_help() -> str:
+    return f"a shipped model ({', '.join(known_models())}) or the path to a config.json"
+
+
+def _gpu_help() -> str:
+    return f"GPU type: {', '.join(known_gpus())}"
+
+
+def _message_format_argument(text: str) -> str:
+    """``auto``, ``old`` or ``new`` (``torch<=2.0`` / ``torch>=2.1`` are accepted for old / new)."""
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        return "old" if message_format(text) is MessageFormat.OLD else "new"
+    except OomlabError as err:
+        raise argparse.ArgumentTypeError(f"invalid message format {text!r}; choose auto, old or new") from err
+
+
 def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     """The training-setup options of ``budget``."""
-    parser.add_argument("--model", default="llama-13b", help="model spec name or path to a config.json")
-    parser.add_argument("--gpu", default="t4", help="GPU spec name (default t4)")
-    parser.add_argument("--gpus", type=_positive_int, default=1, help="GPUs per node (default 1)")
-    parser.add_argument("--nodes", type=_positive_int, default=1, help="nodes (default 1)")
-    parser.add_argument("--strategy", choices=[s.value for s in Strategy], default="single",
+    parser.add_argument("--model", default=_P["model"].default, help=_model_help())
+    parser.add_argument("--gpu", default=_P["gpu"].default, help=_gpu_help())
+    parser.add_argument("--gpus", type=_positive_int, default=_P["gpus"].default, help="GPUs per node")
+    parser.add_argument("--nodes", type=_positive_int, default=1, help="nodes")
+    parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=None,
                         help="the launch: single = one process; ddp = accelerate/torchrun DDP; fsdp = accelerate's "
                         "default FSDP (fsdp_version 1); fsdp2 = accelerate fsdp_version 2; *-offload = with "
-                        "fsdp_offload_params; zero1/zero2 = DeepSpeed (default single)")
-    parser.add_argument("--method", choices=[m.value for m in Method], default="full")
-    parser.add_argument("--precision", choices=[p.value for p in Precision], default="fp16-mixed")
-    parser.add_argument("--optimizer", choices=[o.value for o in Optimizer], default="adamw",
+                        "fsdp_offload_params; zero1/zero2 = DeepSpeed (default: ddp on several GPUs, else single)")
+    parser.add_argument("--method", choices=[m.value for m in Method], default="full", help="what is trained")
+    parser.add_argument("--precision", choices=[p.value for p in Precision], default=_P["precision"].default,
+                        help="weights and compute dtypes (the budget's notes say what they mean for the launch)")
+    parser.add_argument("--optimizer", choices=[o.value for o in Optimizer], default=_P["optimizer"].default,
                         help="adamw = torch.optim.AdamW as constructed by hand (foreach); adamw-fused = "
-                        "AdamW(fused=True), the HF Trainer's default (optim='adamw_torch_fused') (default adamw)")
-    parser.add_argument("--batch", type=_positive_int, default=1, help="micro-batch per GPU (default 1)")
-    parser.add_argument("--seq", type=_positive_int, default=2048, help="sequence length (default 2048)")
+                        "AdamW(fused=True), the HF Trainer's default (optim='adamw_torch_fused')")
+    parser.add_argument("--batch", type=_positive_int, default=_P["batch"].default, help="micro-batch per GPU")
+    parser.add_argument("--seq", type=_positive_int, default=_P["seq"].default, help="sequence length in tokens")
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each layer")
-    parser.add_argument("--attention", choices=[a.value for a in Attention], default="sdpa")
-    parser.add_argument("--lora-rank", type=_positive_int, default=8)
-    parser.add_argument("--lora-alpha", type=_positive_int, default=16)
+    parser.add_argument("--attention", choices=[a.value for a in Attention], default=_P["attention"].default,
+                        help="transformers' attention implementation")
+    parser.add_argument("--lora-rank", type=_positive_int, default=_P["lora_rank"].default, help="LoRA rank")
+    parser.add_argument("--lora-alpha", type=_positive_int, default=16, help="LoRA alpha")
     parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
                         help=f"comma-separated, from {','.join(LORA_TARGET_CHOICES)}")
 
 
 def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The ``estimate``/``make_setup`` keyword arguments from parsed setup options."""
+    strategy = args.strategy or ("ddp" if args.gpus * args.nodes > 1 else "single")
     return {"model": args.model, "gpu": args.gpu, "gpus": args.gpus, "nodes": args.nodes,
-            "strategy": args.strategy, "method": args.method, "precision": args.precision,
+            "strategy": strategy, "method": args.method, "precision": args.precision,
             "optimizer": args.optimizer, "batch": args.batch, "seq": args.seq,
             "checkpointing": args.checkpointing, "attention": args.attention, "lora_rank": args.lora_rank,
             "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets}
 
 
-def _size_argument(text: str) -> int:
+def _host_ram_argument(text: str) -> int:
     try:
-        return parse_size(text)
+        return parse_memory_size(text)
     except OomlabError as err:
         raise argparse.ArgumentTypeError(str(err)) from err
+
+
+VALUE_OPTIONS = ("--host-ram", "--non-pytorch-mib")  # options whose value may start with "-" (refused with a reason)
+
+
+def _join_dash_values(argv: Sequence[str]) -> list[str]:
+    """``--host-ram -5GiB`` as ``--host-ram=-5GiB``: argparse would take ``-5GiB`` for an option and say only
+    "expected one argument"; joined, the option's own check names the value."""
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        if items[i] in VALUE_OPTIONS and i + 1 < len(items) and items[i + 1].startswith("-") \
+                and not items[i + 1].startswith("--"):
+            out.append(f"{items[i]}={items[i + 1]}")
+            i += 2
+            continue
+        out.append(items[i])
+        i += 1
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m oomlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    rep = sub.add_parser("reproduce", help="move a model to one GPU as model.to('cuda') does; report the OOM")
-    rep.add_argument("--model", default="llama-13b", help="model spec name or path to a config.json")
-    rep.add_argument("--dtype", default="float16", help="float16, bfloat16 or float32 (default float16)")
-    rep.add_argument("--gpu", default="t4", help="GPU spec name (default t4)")
+    rep = sub.add_parser("reproduce", help="move a model to one GPU as model.to('cuda') does; report the OOM",
+                         formatter_class=_Formatter)
+    rep.add_argument("--model", default=_P["model"].default, help=_model_help())
+    rep.add_argument("--dtype", default=_P["dtype"].default, help="storage dtype: float16, bfloat16 or float32")
+    rep.add_argument("--gpu", default=_P["gpu"].default, help=_gpu_help())
     rep.add_argument(
         "--non-pytorch-mib",
         type=_nonnegative_float,
         default=None,
-        help="memory held outside PyTorch on the GPU, MiB (default: derived from the seed's message)",
+        help="memory held outside PyTorch on the GPU, MiB (none: derived from the seed's message for the seed's "
+        "case, else the shipped figure for the GPU)",
     )
-    rep.add_argument("--device", choices=[d.value for d in Device], default="auto",
+    rep.add_argument("--device", choices=[d.value for d in Device], default=_P["device"].default,
                      help="auto: cuda if available, else simulated")
-    rep.add_argument("--message-format", choices=("auto", *MESSAGE_FORMAT_NAMES), default="auto",
-                     help="OOM message format of the simulated device: old = torch<=2.0, new = torch>=2.1; "
-                     "auto (default) = old for the seed's case, which printed it, else new")
+    rep.add_argument("--message-format", type=_message_format_argument, choices=("auto", "old", "new"),
+                     default="auto", help="OOM message of the simulated device: old = torch<=2.0, new = torch>=2.1, "
+                     "auto = old for the seed's case (which printed it), else new")
     rep.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    exp = sub.add_parser("explain", help="decode a CUDA out-of-memory message (and its traceback) and explain it")
+    exp = sub.add_parser("explain", help="decode an out-of-memory message (and its traceback) and explain it",
+                         formatter_class=_Formatter)
     exp.add_argument("text", nargs="?", default=None,
                      help="the message (or a whole traceback/log); '-' or nothing reads standard input")
     exp.add_argument("--file", type=Path, default=None, help="read the message from this file instead")
-    exp.add_argument("--model", default=None, help="model spec name or path to a config.json: name the tensors")
-    exp.add_argument("--gpu", default=None, help="GPU spec name (default: inferred from the total capacity)")
-    exp.add_argument("--dtype", default=None, help="float16, bfloat16 or float32 (default: every dtype that fits)")
+    exp.add_argument("--model", default=None, help=_model_help() + ": name the tensors")
+    exp.add_argument("--gpu", default=None, help=_gpu_help() + " (none: inferred from the total capacity)")
+    exp.add_argument("--dtype", default=None, help="float16, bfloat16 or float32 (none: every dtype that fits)")
     exp.add_argument("--json", action="store_true", help="print the explanation as JSON")
 
-    bud = sub.add_parser("budget", help="per-GPU memory of one training step, component by component")
+    bud = sub.add_parser("budget", help="per-GPU memory of one training step, component by component",
+                         formatter_class=_Formatter)
     add_setup_arguments(bud)
     bud.add_argument("--source", choices=SOURCES, default="analytic",
                      help="analytic (formulas, microseconds) or traced (PyTorch's MemTracker on fake tensors)")
     bud.add_argument("--json", action="store_true", help="print the result as JSON")
 
     pln = sub.add_parser("plan", help="every remedy for training the model on these GPUs: budgeted, ranked, "
-                         "with the knob table and the launch files")
-    pln.add_argument("--model", default="llama-13b", help="model spec name or path to a config.json")
-    pln.add_argument("--gpu", default="t4", help="GPU spec name (default t4)")
-    pln.add_argument("--gpus", type=_positive_int, default=4, help="GPUs per node (default 4)")
-    pln.add_argument("--nodes", type=_positive_int, default=1, help="nodes (default 1)")
-    pln.add_argument("--host-ram", type=_size_argument, default=DEFAULT_HOST_RAM,
-                     help="host RAM per node (default 192GiB: the 4 x T4 g4dn.12xlarge, an assumption)")
-    pln.add_argument("--seq", type=_positive_int, default=2048, help="target sequence length (default 2048)")
-    pln.add_argument("--batch", type=_positive_int, default=1, help="the user's micro-batch per GPU (default 1)")
-    pln.add_argument("--precision", choices=[p.value for p in Precision], default="fp16-mixed",
-                     help="the user's precision (default fp16-mixed)")
-    pln.add_argument("--optimizer", choices=[o.value for o in Optimizer], default="adamw",
-                     help="the user's optimizer (default adamw)")
+                         "with the knob table and the launch files", formatter_class=_Formatter)
+    pln.add_argument("--model", default=_P["model"].default, help=_model_help())
+    pln.add_argument("--gpu", default=_P["gpu"].default, help=_gpu_help())
+    pln.add_argument("--gpus", type=_positive_int, default=_P["gpus"].default, help="GPUs per node")
+    pln.add_argument("--nodes", type=_positive_int, default=1, help="nodes")
+    pln.add_argument("--host-ram", type=_host_ram_argument, default=_P["host_ram"].default,
+                     help="host RAM per node, with its unit (the default is an assumption: the 4 x T4 "
+                     "g4dn.12xlarge's)")
+    pln.add_argument("--seq", type=_positive_int, default=_P["seq"].default, help="target sequence length")
+    pln.add_argument("--batch", type=_positive_int, default=_P["batch"].default,
+                     help="the user's micro-batch per GPU")
+    pln.add_argument("--precision", choices=[p.value for p in Precision], default=_P["precision"].default,
+                     help="the user's precision")
+    pln.add_argument("--optimizer", choices=[o.value for o in Optimizer], default=_P["optimizer"].default,
+                     help="the user's optimizer")
     pln.add_argument("--checkpointing", action="store_true", help="the user's run used activation checkpointing")
-    pln.add_argument("--lora-rank", type=_positive_int, default=8, help="LoRA rank of the LoRA/QLoRA remedies")
-    pln.add_argument("--top", type=_positive_int, default=15, help="remedies shown (default 15; --json has all)")
+    pln.add_argument("--lora-rank", type=_positive_int, default=_P["lora_rank"].default,
+                     help="LoRA rank of the LoRA/QLoRA remedies")
+    pln.add_argument("--top", type=_positive_int, default=15, help="remedies shown (--json has all)")
     pln.add_argument("--write-configs", type=Path, nargs="?", const=CONFIGS_DIR, default=None, metavar="DIR",
-                     help=f"also write the launch files (default folder {CONFIGS_DIR})")
+                     help=f"also write the launch files (into {CONFIGS_DIR} when no folder is given)")
     pln.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     run = sub.add_parser("run", help="run the notebooks with papermill and render outputs/report.html",
                          epilog=render_params_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--params", type=Path, default=None, help="YAML file of parameters")
     run.add_argument("-p", dest="pairs", action="append", default=[], metavar="KEY=VALUE",
-                     help="a parameter (repeatable; overrides --params)")
+                     help="a parameter (repeatable; overrides --params; the keys are listed below)")
     run.add_argument("--out", type=Path, default=None, help="output folder (default outputs/)")
     run.add_argument("--no-progress", action="store_true", help="hide papermill's progress bars under --verbose")
     run.add_argument("--verbose", action="store_true",
@@ -278,11 +342,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else argv))
     handlers: dict[str, Any] = {"reproduce": _cmd_reproduce, "explain": _cmd_explain, "budget": _cmd_budget,
                                 "plan": _cmd_plan, "run": _cmd_run}
     try:
         return handlers[args.command](args)
+    except BrokenPipeError:  # `python -m oomlab ... | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own advice: no second error while flushing at exit
+        return 0
     except OomlabError as err:
         print(f"{parser.prog} {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -20,19 +20,20 @@ from typing import Any
 
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.result import BudgetResult, MemCategory
-from oomlab.core.choices import Method, Optimizer, Precision, Strategy
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy
 from oomlab.core.errors import InvalidValueError, OomlabError, UnknownNameError
 from oomlab.core.gpus import known_gpus, load_gpu
 from oomlab.core.models import known_models, load_model
 from oomlab.core.search import largest_true
-from oomlab.core.setup import TrainingSetup, make_setup
-from oomlab.core.units import GiB, format_size, parse_size
+from oomlab.core.setup import LORA_TARGET_CHOICES, MAX_GPUS_PER_NODE, MAX_NODES, TrainingSetup, make_setup
+from oomlab.core.units import GiB, MiB, format_size, parse_memory_size
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.report.figures import PALETTE
 
 MAX_BATCH_SEARCH = 4096  # the largest micro-batch the search tries; "4096 or more" beyond it
 
-GREEN, RED = "#1a7f37", "#b42318"
+GREEN, AMBER, RED = "#1a7f37", "#9a6700", "#b42318"
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def _default(name: str) -> Any:
@@ -46,23 +47,31 @@ class Choices:
 
     model: str = _default("model")  # shipped spec name or path to a config.json
     gpu: str = _default("gpu")
-    gpus: int = _default("gpus")  # GPUs on the one node
-    strategy: str = "single"
+    gpus: int = _default("gpus")  # GPUs per node
+    nodes: int = 1
+    strategy: str = "ddp" if _default("gpus") > 1 else "single"  # a replica per GPU, as the seed ran
     method: str = "full"
     precision: str = _default("precision")
     optimizer: str = _default("optimizer")
     batch: int = _default("batch")  # micro-batch per GPU
     seq: int = _default("seq")  # sequence length in tokens
     checkpointing: bool = _default("checkpointing")
+    attention: str = _default("attention")
     lora_rank: int = _default("lora_rank")  # used by lora / qlora only
-    host_ram_bytes: int = parse_size(_default("host_ram"))  # host RAM of the node
+    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS  # used by lora / qlora only
+    host_ram_bytes: int = parse_memory_size(_default("host_ram"))  # host RAM of each node
+    outside_mib: float | None = None  # memory outside PyTorch per GPU; None: the shipped figure for the GPU
 
     def setup(self) -> TrainingSetup:
         """The validated training setup (raises :class:`~oomlab.core.errors.OomlabError` with the reason)."""
-        return make_setup(model=self.model, gpu=self.gpu, gpus=self.gpus, strategy=self.strategy,
+        return make_setup(model=self.model, gpu=self.gpu, gpus=self.gpus, nodes=self.nodes, strategy=self.strategy,
                           method=self.method, precision=self.precision, optimizer=self.optimizer,
                           batch=self.batch, seq=self.seq, checkpointing=self.checkpointing,
-                          lora_rank=self.lora_rank)
+                          attention=self.attention, lora_rank=self.lora_rank, lora_targets=self.lora_targets)
+
+    @property
+    def outside_bytes(self) -> int | None:
+        return None if self.outside_mib is None else round(self.outside_mib * MiB)
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,13 @@ class Exploration:
         return self.result is not None and self.result.fits and bool(self.host_ram_fits)
 
     @property
+    def colour(self) -> str:
+        """Green only when it fits everywhere; amber when the GPUs hold it but the host RAM does not; else red."""
+        if self.result is None or not self.result.fits:
+            return RED
+        return GREEN if self.host_ram_fits else AMBER
+
+    @property
     def segments(self) -> dict[MemCategory, int]:
         """The bar's data: per-GPU bytes by component at the peak, in :class:`MemCategory` order."""
         if self.result is None:
@@ -94,14 +110,15 @@ class Exploration:
         return {c: self.result.components[c] for c in MemCategory if self.result.components.get(c)}
 
 
-def largest_micro_batch(setup: TrainingSetup, limit: int = MAX_BATCH_SEARCH) -> int | None:
+def largest_micro_batch(setup: TrainingSetup, limit: int = MAX_BATCH_SEARCH,
+                        outside_bytes: int | None = None) -> int | None:
     """The largest micro-batch (≤ ``limit``) whose analytic per-GPU peak fits; None if 1 does not.
 
     Memory grows with the micro-batch, so doubling then bisecting needs about 2·log2(limit) estimates.
     """
 
     def fits(batch: int) -> bool:
-        return estimate_setup(replace(setup, batch=batch)).fits
+        return estimate_setup(replace(setup, batch=batch), outside_bytes).fits
 
     return largest_true(fits, 1, limit)
 
@@ -112,8 +129,8 @@ def explore(choices: Choices) -> Exploration:
         setup = choices.setup()
     except OomlabError as err:
         return Exploration(choices=choices, result=None, error=str(err), largest_batch=None)
-    return Exploration(choices=choices, result=estimate_setup(setup), error=None,
-                       largest_batch=largest_micro_batch(setup))
+    return Exploration(choices=choices, result=estimate_setup(setup, choices.outside_bytes), error=None,
+                       largest_batch=largest_micro_batch(setup, outside_bytes=choices.outside_bytes))
 
 
 # ------------------------------------------------------------------------------------------ display
@@ -126,7 +143,11 @@ def render_verdict(exploration: Exploration) -> list[str]:
     r, c = exploration.result, exploration.choices
     s = r.setup
     where = f"{s.world_size} x {s.gpu.display_name} ({format_size(r.capacity_bytes)} each)"
-    if r.fits:
+    if r.fits and not exploration.host_ram_fits:
+        gpu_line = (f"Fits the GPUs but not the host RAM: {format_size(r.per_gpu_peak_bytes)} per GPU on {where} at "
+                    f"the {r.peak_phase.value} peak, headroom {format_size(r.headroom_bytes)}; the node needs more "
+                    "host RAM (below).")
+    elif r.fits:
         gpu_line = (f"Fits on {where}: {format_size(r.per_gpu_peak_bytes)} per GPU at the {r.peak_phase.value} "
                     f"peak, headroom {format_size(r.headroom_bytes)}.")
     else:
@@ -135,7 +156,7 @@ def render_verdict(exploration: Exploration) -> list[str]:
                     f"{r.peak_phase.value} peak, short by {format_size(-r.headroom_bytes)}; the largest component "
                     f"is {breaking.value} ({format_size(r.components[breaking])}).")
     host_ok = exploration.host_ram_fits
-    host_line = (f"Host RAM: needs {format_size(r.host_ram_bytes)} of {format_size(c.host_ram_bytes)} on the node"
+    host_line = (f"Host RAM: needs {format_size(r.host_ram_bytes)} of {format_size(c.host_ram_bytes)} per node"
                  + (" - fits." if host_ok else f" - does not fit, short by "
                     f"{format_size(r.host_ram_bytes - c.host_ram_bytes)}."))
     if exploration.largest_batch is None:
@@ -151,7 +172,7 @@ def render_verdict_html(exploration: Exploration) -> str:
     """:func:`render_verdict` as escaped HTML: the GPU and host-RAM lines green when they fit, else red."""
     lines = [html.escape(line) for line in render_verdict(exploration)]
     r = exploration.result
-    colours = [RED] if r is None else [GREEN if r.fits else RED, GREEN if exploration.host_ram_fits else RED, ""]
+    colours = [RED] if r is None else [exploration.colour, GREEN if exploration.host_ram_fits else RED, ""]
     spans = [f'<span style="color:{colour}">{line}</span>' if colour else line
              for line, colour in zip(lines, colours, strict=True)]
     spans[0] = f"<b>{spans[0]}</b>"
@@ -216,10 +237,11 @@ class BudgetBar:
             else:
                 self.capacity_label.set_text(f" capacity {format_size(r.capacity_bytes)}")
                 self.capacity_label.set_horizontalalignment("left")
-            verdict = "fits" if r.fits else "does not fit"
+            verdict = "fits" if exploration.fits else ("fits the GPUs, not the host RAM" if r.fits
+                                                       else "does not fit")
             self.title.set_text(f"{r.setup.model.name} on {r.setup.gpu.display_name}: "
                                 f"{format_size(r.per_gpu_peak_bytes)} per GPU - {verdict}")
-            self.title.set_color(GREEN if r.fits else RED)
+            self.title.set_color(exploration.colour)
             shown = [self.rects[c] for c in segments]
             ax.legend(handles=shown, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=min(5, len(shown)) or 1,
                       fontsize=7, frameon=False, handlelength=1.2, columnspacing=1.0)
@@ -236,9 +258,6 @@ def _control_widgets(choices: Choices) -> dict[str, Any]:
 
     style = {"description_width": "120px"}
     layout = w.Layout(width="390px")
-    models = known_models()
-    if choices.model not in models:  # a config.json path: validated now, offered beside the shipped names
-        models.append(load_model(choices.model).name)
     gpu_options = [(f"{load_gpu(g).display_name} ({format_size(load_gpu(g).total_memory_bytes)})", g)
                    for g in known_gpus()]
     gpu = load_gpu(choices.gpu).name  # validates the name; canonical spelling
@@ -250,22 +269,34 @@ def _control_widgets(choices: Choices) -> dict[str, Any]:
         return w.BoundedIntText(description=label, value=value, min=low, max=high, style=style, layout=layout)
 
     return {
-        "model": dropdown("model", models, load_model(choices.model).name),
+        # a shipped name from the list, or any config.json path typed in (validated on each change)
+        "model": w.Combobox(description="model", options=known_models(), value=choices.model, ensure_option=False,
+                            placeholder="name or path/to/config.json", style=style, layout=layout,
+                            continuous_update=False),
         "gpu": dropdown("GPU", gpu_options, gpu),
-        "gpus": w.IntSlider(description="GPUs", value=choices.gpus, min=1, max=max(16, choices.gpus),
+        "gpus": w.IntSlider(description="GPUs per node", value=choices.gpus, min=1, max=MAX_GPUS_PER_NODE,
                             style=style, layout=layout, continuous_update=False),
+        "nodes": number("nodes", choices.nodes, 1, MAX_NODES),
         "strategy": dropdown("strategy", [s.value for s in Strategy], Strategy(choices.strategy).value),
         "method": w.ToggleButtons(options=[m.value for m in Method], value=Method(choices.method).value,
                                   style={"button_width": "76px"}),
         "precision": dropdown("precision", [p.value for p in Precision], Precision(choices.precision).value),
         "optimizer": dropdown("optimizer", [o.value for o in Optimizer], Optimizer(choices.optimizer).value),
         "batch": number("micro-batch", choices.batch, 1, 1 << 20),
-        "seq": number("sequence length", choices.seq, 1, 1 << 22),
+        "seq": number("sequence length", choices.seq, 1, 1 << 22),  # the model's own limit: see the verdict
         "checkpointing": w.Checkbox(description="activation checkpointing", value=choices.checkpointing,
                                     style=style, layout=layout),
+        "attention": dropdown("attention", [a.value for a in Attention], Attention(choices.attention).value),
         "lora_rank": number("LoRA rank", choices.lora_rank, 1, 4096),
+        "lora_targets": w.SelectMultiple(description="LoRA targets", options=LORA_TARGET_CHOICES,
+                                         value=tuple(choices.lora_targets), rows=len(LORA_TARGET_CHOICES),
+                                         style=style, layout=layout),
         "host_ram_bytes": w.BoundedFloatText(description="host RAM (GiB)", value=choices.host_ram_bytes / GiB,
-                                             min=0, max=1 << 20, style=style, layout=layout),
+                                             min=1, max=1 << 20, style=style, layout=layout),
+        # a negative value means "the shipped figure for the GPU" (a widget holds no None)
+        "outside_mib": w.FloatText(description="outside PyTorch (MiB)",
+                                   value=-1.0 if choices.outside_mib is None else choices.outside_mib,
+                                   style=style, layout=layout),
     }
 
 
@@ -310,7 +341,19 @@ class Explorer:
         """The controls' current values."""
         values = {f.name: self.controls[f.name].value for f in fields(Choices)}
         values["host_ram_bytes"] = round(values["host_ram_bytes"] * GiB)
+        values["outside_mib"] = None if values["outside_mib"] < 0 else values["outside_mib"]
+        values["lora_targets"] = tuple(values["lora_targets"])
         return Choices(**values)
+
+    def set_choices(self, choices: Choices) -> None:
+        """Put ``choices`` into the controls (each change re-estimates, as a user's would)."""
+        for name, control in self.controls.items():
+            value = getattr(choices, name)
+            if name == "host_ram_bytes":
+                value = value / GiB
+            elif name == "outside_mib":
+                value = -1.0 if value is None else value
+            control.value = value
 
     @property
     def bar_data(self) -> dict[MemCategory, int]:
@@ -326,7 +369,8 @@ class Explorer:
 
         start = time.perf_counter()
         exploration = explore(self.choices)
-        self.controls["lora_rank"].disabled = exploration.choices.method == Method.FULL.value
+        full = exploration.choices.method == Method.FULL.value
+        self.controls["lora_rank"].disabled = self.controls["lora_targets"].disabled = full
         self.bar.value = self.chart.render(exploration)
         self.verdict.value = render_verdict_html(exploration)
         self.exploration = exploration
@@ -350,21 +394,55 @@ def build_explorer(
     checkpointing: bool = Choices.checkpointing,
     lora_rank: int = Choices.lora_rank,
     host_ram: str | int = _default("host_ram"),
+    nodes: int = Choices.nodes,
+    attention: str = Choices.attention,
+    lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS,
+    outside_mib: float | None = None,
 ) -> Explorer:
     """The explorer's widgets, starting from these choices (the notebook's parameters).
 
     Unknown names raise :class:`~oomlab.core.errors.UnknownNameError` listing the known ones; a valid name in an
-    invalid combination (bf16 on a T4, say) is shown as the verdict.  ``host_ram``: ``"192GiB"`` or bytes.
+    invalid combination (bf16 on a T4, say) is shown as the verdict.  ``host_ram``: ``"192GiB"`` (a unit is
+    required) or an integer number of bytes; ``lora_targets``: a tuple or ``"q_proj,v_proj"``; ``outside_mib``:
+    None for the shipped figure of the GPU.
     """
     for kind, enum_type, value in (("strategy", Strategy, strategy), ("method", Method, method),
-                                   ("precision", Precision, precision), ("optimizer", Optimizer, optimizer)):
+                                   ("precision", Precision, precision), ("optimizer", Optimizer, optimizer),
+                                   ("attention", Attention, attention)):
         if value not in {m.value for m in enum_type}:
             raise UnknownNameError(kind, value, [m.value for m in enum_type])
-    for name, number in (("gpus", gpus), ("batch", batch), ("seq", seq), ("lora_rank", lora_rank)):
+    for name, number in (("gpus", gpus), ("nodes", nodes), ("batch", batch), ("seq", seq),
+                         ("lora_rank", lora_rank)):
         if not isinstance(number, int) or isinstance(number, bool) or number < 1:
             raise InvalidValueError(f"invalid {name} {number!r}; must be an integer >= 1")
-    choices = Choices(model=model, gpu=gpu, gpus=gpus, strategy=strategy, method=method, precision=precision,
-                      optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing, lora_rank=lora_rank,
-                      host_ram_bytes=parse_size(host_ram))
+    if outside_mib is not None and not outside_mib >= 0:
+        raise InvalidValueError(f"invalid outside_mib {outside_mib!r}; must be >= 0 MiB (or None for the GPU's "
+                                "shipped figure)")
+    targets = tuple(t.strip() for t in lora_targets.split(",") if t.strip()) if isinstance(lora_targets, str) \
+        else tuple(lora_targets)
+    for target in targets:
+        if target not in LORA_TARGET_CHOICES:
+            raise UnknownNameError("LoRA target module", target, LORA_TARGET_CHOICES)
+    host = host_ram if isinstance(host_ram, int) and not isinstance(host_ram, bool) else parse_memory_size(host_ram)
+    load_model(model)  # an unknown name or a missing config.json is refused here, naming it
+    choices = Choices(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
+                      precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,
+                      attention=attention, lora_rank=lora_rank, lora_targets=targets, host_ram_bytes=host,
+                      outside_mib=outside_mib)
     return Explorer(choices)
 
+
+def explorer_intro(choices: Choices) -> str:
+    """The notebook's intro for where the explorer starts, in Markdown: the case, not a typed-in one."""
+    spec, gpu = load_model(choices.model), load_gpu(choices.gpu)
+    method = {"full": "full fine-tuning", "lora": f"LoRA r{choices.lora_rank}",
+              "qlora": f"QLoRA r{choices.lora_rank}"}[choices.method]
+    nodes = f" x {choices.nodes} nodes" if choices.nodes > 1 else ""
+    outside = ("the shipped figure for the GPU" if choices.outside_mib is None
+               else format_size(round(choices.outside_mib * MiB)))
+    return (f"The explorer starts from the case's parameters: {spec.name}, {method}, strategy `{choices.strategy}`, "
+            f"{choices.precision}, {choices.optimizer}, micro-batch {choices.batch} x {choices.seq} tokens"
+            f"{', activation checkpointing' if choices.checkpointing else ''}, on {choices.gpus} x "
+            f"{gpu.display_name}{nodes}, host RAM {format_size(choices.host_ram_bytes)} per node (an assumption "
+            f"unless given), memory outside PyTorch: {outside}. Run the cell below, then change any control: the "
+            "bar, the verdict and the largest micro-batch update at once.")

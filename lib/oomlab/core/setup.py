@@ -56,12 +56,24 @@ _CHOICE_FIELDS = {"strategy": Strategy, "method": Method, "precision": Precision
                   "attention": Attention}
 
 
+MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest single NVLink domain sold; a plan of more answers slowly
+MAX_NODES = 1024
+
+
 def validate(setup: TrainingSetup) -> TrainingSetup:
     """Refuse combinations that cannot run, saying why."""
     for name in ("gpus", "nodes", "batch", "seq"):
         value = getattr(setup, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InvalidValueError(f"invalid {name} {value!r}; must be an integer >= 1")
+    for name, ceiling in (("gpus", MAX_GPUS_PER_NODE), ("nodes", MAX_NODES)):
+        if getattr(setup, name) > ceiling:
+            raise InvalidValueError(f"invalid {name} {getattr(setup, name)}; must be at most {ceiling}")
+    if setup.seq > setup.model.max_position_embeddings:
+        raise InvalidValueError(
+            f"invalid seq {setup.seq}; {setup.model.name} has max_position_embeddings "
+            f"{setup.model.max_position_embeddings}: use a sequence length up to that (or a config.json whose "
+            "max_position_embeddings allows more)")
     if setup.precision.uses_bf16 and not setup.gpu.bf16:
         cc = ".".join(map(str, setup.gpu.compute_capability))
         raise InvalidValueError(

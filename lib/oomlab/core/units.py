@@ -69,3 +69,23 @@ def parse_size(text: str | int) -> int:
     if unit not in _UNITS:
         raise InvalidValueError(f"unknown size unit {unit!r} in {text!r}; known: {', '.join(sorted(_UNITS))}")
     return round(float(number) * _UNITS[unit])
+
+
+MIN_HOST_RAM = GiB  # a host smaller than this cannot hold a training process: a bare number is a missing unit
+
+
+def parse_memory_size(text: str | int, what: str = "host RAM") -> int:
+    """A memory size that must carry its unit (``"192GiB"``, ``"512 GB"``): a bare number, as a string or an
+    integer (a YAML ``192``), is refused, as is anything under :data:`MIN_HOST_RAM`, naming the value."""
+    if isinstance(text, bool) or (isinstance(text, int | float)) or str(text).strip().lstrip("+-").replace(
+            ".", "", 1).isdigit():
+        raise InvalidValueError(f"invalid {what} {text!r}: give it with a unit, e.g. '192GiB' or '512GB' "
+                                "(a bare number would be bytes)")
+    stripped = str(text).strip()
+    if stripped.startswith("-"):
+        raise InvalidValueError(f"invalid {what} {text!r}: must be a positive size such as '192GiB'")
+    value = parse_size(stripped)
+    if value < MIN_HOST_RAM:
+        raise InvalidValueError(f"invalid {what} {text!r} ({format_size(value)}): must be at least "
+                                f"{format_size(MIN_HOST_RAM)}, e.g. '192GiB'")
+    return value

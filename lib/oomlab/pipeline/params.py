@@ -17,8 +17,8 @@ from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import load_model
-from oomlab.core.setup import DEFAULT_HOST_RAM
-from oomlab.core.units import parse_size
+from oomlab.core.setup import DEFAULT_HOST_RAM, MAX_GPUS_PER_NODE
+from oomlab.core.units import parse_memory_size
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ PARAMETERS: dict[str, Param] = {
         Param("attention", str, "sdpa", "attention implementation", choices=tuple(a.value for a in Attention)),
         Param("lora_rank", int, 8, "LoRA rank for the LoRA/QLoRA remedies", minimum=1),
         Param("host_ram", str, DEFAULT_HOST_RAM, "host RAM per node (assumed: a 4 x T4 g4dn.12xlarge has 192 GiB)",
-              canonical=lambda v: (parse_size(v), v)[1]),
+              canonical=lambda v: (parse_memory_size(v), v)[1]),
         Param("trace", bool, True, "also trace setups with PyTorch's MemTracker (seconds each, cached)"),
     )
 }
@@ -99,6 +99,8 @@ def _convert(param: Param, raw: Any) -> Any:
             return param.kind(text)
         except ValueError as err:
             raise InvalidValueError(f"{expects}, got {raw!r}") from err
+    if param.kind is str and isinstance(raw, int | float) and not isinstance(raw, bool):
+        return str(raw)  # a YAML number where a name or size is expected: judged as the same text given by -p
     if isinstance(raw, bool) and param.kind is not bool:  # bool is an int subclass: refuse `gpus: true`
         raise InvalidValueError(f"{expects}, got {raw!r}")
     if param.kind is float and isinstance(raw, int):
@@ -158,7 +160,21 @@ def validate_params(raw: Mapping[str, Any]) -> dict[str, Any]:
         if param is None:
             raise InvalidValueError(f"unknown parameter {key!r}; accepted: {_accepted()}")
         values[key] = _check(param, _convert(param, value))
-    return {name: values.get(name, param.default) for name, param in PARAMETERS.items()}
+    params = {name: values.get(name, param.default) for name, param in PARAMETERS.items()}
+    _check_together(params)
+    return params
+
+
+def _check_together(params: Mapping[str, Any]) -> None:
+    """What no single parameter can check: the sequence against the model, the GPU count against the ceiling --
+    the same rules ``make_setup`` applies, before any notebook runs."""
+    spec = load_model(params["model"])
+    if params["seq"] > spec.max_position_embeddings:
+        raise InvalidValueError(
+            f"parameter 'seq' {params['seq']} exceeds {spec.name}'s max_position_embeddings "
+            f"{spec.max_position_embeddings}: use a sequence length up to that (or a config.json that allows more)")
+    if params["gpus"] > MAX_GPUS_PER_NODE:
+        raise InvalidValueError(f"parameter 'gpus' must be at most {MAX_GPUS_PER_NODE}, got {params['gpus']}")
 
 
 def _read_params_file(params_file: str | os.PathLike[str]) -> dict[Any, Any]:
