@@ -1,0 +1,117 @@
+"""Cloud GPU prices: dated on-demand list prices per instance (``specs/prices.json``), or a table the user passes.
+
+Each price is one row of a provider's catalog snapshot (SkyPilot's catalog CSVs, commit in ``source``), with its
+date as far as it is known: a list price, not a quote. ``usd_per_gpu_hour`` is the instance price split evenly over
+its GPUs.  A user's own table has the same shape: ``{"instances": [{"provider", "instance", "gpu",
+"gpus_per_instance", "usd_per_hour", ...}, ...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from oomlab.core.errors import InvalidValueError
+from oomlab.core.gpus import known_gpus
+from oomlab.core.paths import SPECS_DIR
+
+PRICES_JSON = SPECS_DIR / "prices.json"
+REQUIRED = ("provider", "instance", "gpu", "gpus_per_instance", "usd_per_hour")
+
+
+@dataclass(frozen=True)
+class InstancePrice:
+    """One cloud instance type: its GPUs, host RAM and on-demand list price."""
+
+    provider: str
+    instance: str
+    gpu: str  # an oomlab GPU spec name (t4, a100-80gb, ...)
+    gpus_per_instance: int
+    usd_per_hour: float
+    region: str
+    host_ram_bytes: int | None  # None when the catalog does not say (or says something unreliable)
+    source: str
+    date: str
+
+    @property
+    def usd_per_gpu_hour(self) -> float:
+        return self.usd_per_hour / self.gpus_per_instance
+
+    @property
+    def label(self) -> str:
+        return f"{self.provider} {self.instance}"
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    """Every instance of a table, and where the table came from."""
+
+    instances: tuple[InstancePrice, ...]
+    source: str  # "oomlab's shipped list prices (...)" or the user's file
+
+    def for_gpu(self, gpu: str) -> tuple[InstancePrice, ...]:
+        return tuple(i for i in self.instances if i.gpu == gpu)
+
+    def cheapest_per_gpu_hour(self, gpu: str) -> InstancePrice | None:
+        """The instance with the lowest price per GPU-hour for ``gpu`` (None when the table has none)."""
+        rows = self.for_gpu(gpu)
+        return min(rows, key=lambda i: (i.usd_per_gpu_hour, i.label)) if rows else None
+
+    def host_for(self, gpu: str, gpus: int) -> InstancePrice | None:
+        """The instance a node of ``gpus`` x ``gpu`` most likely is: the one with exactly that many GPUs and a
+        stated host RAM, cheapest first (None when no such instance is listed)."""
+        rows = [i for i in self.for_gpu(gpu) if i.gpus_per_instance == gpus and i.host_ram_bytes]
+        return min(rows, key=lambda i: (i.usd_per_hour, i.label)) if rows else None
+
+
+def _instance(raw: Any, where: str, index: int) -> InstancePrice:
+    if not isinstance(raw, dict):
+        raise InvalidValueError(f"{where}: instance {index} must be an object with {', '.join(REQUIRED)}")
+    missing = [k for k in REQUIRED if k not in raw]
+    if missing:
+        raise InvalidValueError(f"{where}: instance {index} lacks {', '.join(missing)}")
+    gpus, price = raw["gpus_per_instance"], raw["usd_per_hour"]
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise InvalidValueError(f"{where}: instance {index} has gpus_per_instance {gpus!r}; must be an integer >= 1")
+    if not isinstance(price, int | float) or isinstance(price, bool) or not price > 0:
+        raise InvalidValueError(f"{where}: instance {index} has usd_per_hour {price!r}; must be a number > 0")
+    host = raw.get("host_ram_bytes") if raw.get("host_ram_reliable", True) else None
+    return InstancePrice(
+        provider=str(raw["provider"]), instance=str(raw["instance"]), gpu=str(raw["gpu"]), gpus_per_instance=gpus,
+        usd_per_hour=float(price), region=str(raw.get("region", "")),
+        host_ram_bytes=int(host) if isinstance(host, int | float) and host > 0 else None,
+        source=str(raw.get("source", where)), date=str(raw.get("date", "undated")),
+    )
+
+
+def load_prices(path: str | os.PathLike[str] | None = None) -> PriceTable:
+    """The shipped table, or the user's JSON file at ``path``; GPUs oomlab does not know are left out (a
+    table's ``a10`` is not an ``a10g``)."""
+    if path is None:
+        return _shipped()
+    return _read(Path(path), f"price table {str(path)!r}")
+
+
+@cache
+def _shipped() -> PriceTable:
+    return _read(PRICES_JSON, "oomlab's shipped list prices")
+
+
+def _read(path: Path, where: str) -> PriceTable:
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise InvalidValueError(f"{where}: file not found") from err
+    except json.JSONDecodeError as err:
+        raise InvalidValueError(f"{where} is not valid JSON: line {err.lineno}: {err.msg}") from err
+    if not isinstance(raw, dict) or not isinstance(raw.get("instances"), list):
+        raise InvalidValueError(f"{where} must be an object with a list 'instances'")
+    known = set(known_gpus())
+    rows = tuple(r for r in (_instance(x, where, i) for i, x in enumerate(raw["instances"])) if r.gpu in known)
+    source = where if path != PRICES_JSON else (
+        "on-demand list prices from SkyPilot's catalog snapshots (" + raw.get("_source_date", "undated") + ")")
+    return PriceTable(rows, source)
