@@ -19,6 +19,9 @@ def seed_outside_bytes() -> int:
     Along the unlimited walk of llama-13b in float16, find the copy whose "Tried to allocate" and the
     allocated/reserved figures just before it print exactly as the seed's; then
     ``outside = total capacity - reserved - free`` (the free figure as printed).
+
+    NB: this makes the seed's free figure an input and its reserved figure a fit: any outside memory from
+    465.81 to 601.81 MiB reproduces the other figures (:func:`oomlab.reproduction.honesty.honest_reproduction`).
     """
     figures = seed_figures()
     gpu = load_gpu(SEED_GPU)
