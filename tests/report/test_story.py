@@ -82,7 +82,7 @@ def out_dir(tmp_path_factory) -> Any:
 
 
 STORY = ("title", "answer", "deciding_configuration", "knob_table_rows", "remedy_rows", "seed_table_rows",
-         "reproduction", "message", "decoded", "evidence_of_budget", "verification_rows", "recommended_fix",
+         "reproduction", "honesty", "message", "decoded", "evidence_of_budget", "verification_rows", "recommended_fix",
          "config_files", "assumptions", "parameter_rows")
 
 

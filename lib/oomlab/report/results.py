@@ -27,6 +27,7 @@ from oomlab.remedies.display import summarize as summarize_plan
 from oomlab.remedies.fit_map import FitMap
 from oomlab.remedies.placement import DeviceMapPlacement
 from oomlab.remedies.plan import Plan
+from oomlab.reproduction.honesty import HonestReproduction
 from oomlab.reproduction.result import ReproduceResult, compare_with_seed
 from oomlab.reproduction.summary import summarize as summarize_reproduction
 
@@ -38,8 +39,10 @@ NOTEBOOK_RESULTS = {"reproduce": "01_reproduce_oom", "budget": "02_memory_budget
 
 def reproduce_results(case: Mapping[str, Any], result: ReproduceResult, float32: ReproduceResult,
                       smallest_fitting_gpu: str | None, fits_case: ReproduceResult | None,
-                      decoded: Explanation | None, decoded_label: str | None, gpus: int) -> dict[str, Any]:
-    """Notebook 01's results: the reproduction, the same model in float32, what would have fitted, the decoding."""
+                      decoded: Explanation | None, decoded_label: str | None, gpus: int,
+                      honesty: HonestReproduction | None = None) -> dict[str, Any]:
+    """Notebook 01's results: the reproduction, the same model in float32, what would have fitted, the decoding,
+    and (the user's case) which of the message's figures are inputs, fitted and predicted."""
     return {
         "case": dict(case),
         "reproduce": result.to_dict(),
@@ -51,6 +54,7 @@ def reproduce_results(case: Mapping[str, Any], result: ReproduceResult, float32:
         "summary_markdown": summarize_reproduction(result, gpus),
         "explain": decoded.to_dict() if decoded else None,
         "explain_label": decoded_label,
+        "honesty": honesty.to_dict() if honesty else None,
     }
 
 

@@ -144,12 +144,22 @@ def reproduction(r: dict[str, Any]) -> str:
                 f"{format_size(rep['allocated_bytes'])} allocated, {format_size(rep['free_bytes'])} left.")
     ft = rep["failing_tensor"] or {}
     match = ""
-    if is_seed_case(r):
+    honesty = r["reproduce"].get("honesty")
+    if is_seed_case(r) and honesty:
         same = sum(c["matches"] for c in r["reproduce"]["seed_comparison"])
-        match = f" {same} of the message's 5 figures match the user's to the printed precision."
+        counts = honesty["counts"]
+        match = (f" {same} of the message's {len(r['reproduce']['seed_comparison'])} figures print as the user's; of "
+                 f"those, {counts['input']} are inputs, {counts['fitted']} is fitted and {counts['predicted']} are "
+                 "predicted (below).")
     return (f"PyTorch's own `Module._apply` raised `{esc(rep['exception'])}` on the {esc(rep['device'])} device "
             f"while copying `{esc(ft.get('name', '?'))}` ({'×'.join(map(str, ft.get('shape', [])))}, "
             f"{esc(ft.get('dtype', '?'))}).{match}")
+
+
+def honesty(r: dict[str, Any]) -> str:
+    """What the match is worth (the user's case): the figures' roles, the outside range, the layout finding."""
+    h = r["reproduce"].get("honesty")
+    return h["markdown"] if h else ""
 
 
 def message(r: dict[str, Any]) -> str:
