@@ -1,6 +1,13 @@
-"""What a LLaMA-family decoder saves for backward, tensor by tensor, as transformers implements it.
+"""What a decoder saves for backward, per layer and outside the layers: hand-derived for LLaMA, traced for every other
+family.
 
-The inventory below was read off the installed transformers (``modeling_llama.py``: RMSNorm upcasts to
+Every family but LLaMA's (Mistral's within its window included) is inventoried by the one-layer trace of
+:mod:`oomlab.budget.layer_trace`: the model's first layers at full width, on fake tensors, each saved storage scaled
+in batch and sequence exactly; memoised per (config, regime, LoRA, attention) -- the first call takes about a second.
+LLaMA keeps the hand-derived inventory below, as fast as before and the cross-check of the traced one (equal within
+0.5 %, tests/budget/test_layer_trace.py).
+
+The hand-derived inventory below was read off the installed transformers (``modeling_llama.py``: RMSNorm upcasts to
 fp32 and saves its input and ``rsqrt``; RoPE multiplies by cos/sin, which need no gradient, so only the
 rotated q/k are saved, by attention; SDPA saves q, k, v, its output and the fp32 log-sum-exp; eager
 attention saves the fp32 softmax probabilities and their cast; SwiGLU saves gate, SiLU and up outputs)
@@ -16,10 +23,13 @@ Sizes are bytes per token unless the name says per layer.
 
 from __future__ import annotations
 
-import enum
+import functools
 from dataclasses import dataclass
 
-from oomlab.core.choices import FSDP1_STRATEGIES, Attention, Method, Precision
+from oomlab.budget.layer_trace import LayerTrace, Probe, trace_layers
+from oomlab.budget.step import StepDTypes
+from oomlab.core.choices import FSDP1_STRATEGIES, Attention, Choice, Method, Precision, Strategy
+from oomlab.core.models import Family, ModelSpec
 from oomlab.core.setup import TrainingSetup
 
 FP32 = 4  # bytes
@@ -27,7 +37,7 @@ HALF = 2
 INDEX = 8  # int64 token ids / labels
 
 
-class Regime(enum.Enum):
+class Regime(Choice):
     """How weights and compute dtypes combine, which decides every saved tensor's dtype."""
 
     FP32 = "fp32"  # fp32 weights, fp32 compute
@@ -41,15 +51,24 @@ def regime(setup: TrainingSetup) -> Regime:
 
     ``*-mixed`` under FSDP1 runs half weights (``MixedPrecision``) inside accelerate's autocast: full fine-tuning is
     then the half regime (autocast casts nothing), LoRA the autocast regime (FSDP1 leaves the separately wrapped fp32
-    adapters to autocast).  Under FSDP2 the policy gathers every parameter in half.
+    adapters to autocast).  Under FSDP2 the policy gathers every parameter in half.  DeepSpeed casts every parameter
+    to half, adapters included, and runs no autocast (deepspeed/runtime/engine.py:1851-1875, constants.py:189): full
+    fine-tuning is the half regime, LoRA the policy regime (half adapters, no cast copies).
     """
-    if setup.precision is Precision.FP32:
+    return _regime(setup.precision, setup.strategy, setup.method)
+
+
+@functools.cache
+def _regime(precision: Precision, strategy: Strategy, method: Method) -> Regime:
+    if precision is Precision.FP32:
         return Regime.FP32
-    if setup.precision not in (Precision.FP16_MIXED, Precision.BF16_MIXED):
+    if precision not in (Precision.FP16_MIXED, Precision.BF16_MIXED):
         return Regime.HALF
-    if setup.strategy in FSDP1_STRATEGIES:
-        return Regime.HALF if setup.method is Method.FULL else Regime.AUTOCAST
-    if setup.strategy.fsdp:
+    if strategy.deepspeed:
+        return Regime.HALF if method is Method.FULL else Regime.POLICY
+    if strategy in FSDP1_STRATEGIES:
+        return Regime.HALF if method is Method.FULL else Regime.AUTOCAST
+    if strategy.fsdp:
         return Regime.POLICY
     return Regime.AUTOCAST
 
@@ -153,18 +172,19 @@ def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ..
     norm_out = FP32 if (r is Regime.FP32 or (r is Regime.AUTOCAST and full)) else HALF
     norm("input_layernorm")
     grad = linear_inputs("q/k/v", ("q_proj", "k_proj", "v_proj"), h, norm_out, kept=False) or grad
+    output_kept = False  # is the attention output (o_proj's input) saved by the attention itself?
     if grad:
         if setup.attention is Attention.SDPA:
             out.append(SavedTensor("sdpa: rotated q, rotated k, v", c * (qd + 2 * kvd)))
             out.append(SavedTensor("sdpa: output", c * qd))
             out.append(SavedTensor("sdpa: log-sum-exp (fp32)", FP32 * a))
-        else:
+            output_kept = True
+        else:  # the two matmuls save q, k, the probabilities and v -- not their output
             out.append(SavedTensor("eager: q, repeated k and v", c * 3 * qd))
-            out.append(SavedTensor("eager: output", c * qd))
             probs = FP32 * a * s + (0 if r is Regime.FP32 else HALF * a * s)  # fp32 softmax (+ its cast)
             out.append(SavedTensor("eager: softmax probabilities", probs))
-    # o_proj's input is the attention output, already kept when attention saved anything
-    grad = linear_inputs("o_proj", ("o_proj",), qd, c, kept=grad) or grad
+    # o_proj's input is the attention output: SDPA keeps it; after eager attention o_proj (or its adapter) does
+    grad = linear_inputs("o_proj", ("o_proj",), qd, c, kept=output_kept) or grad
     norm("post_attention_layernorm")
     gate_grad = grad or "gate_proj" in lora
     up_grad = grad or "up_proj" in lora
@@ -209,7 +229,7 @@ def _model_inventory(setup: TrainingSetup) -> tuple[SavedTensor, ...]:
     return tuple(out)
 
 
-def rope_bytes(setup: TrainingSetup) -> int:
+def _hand_rope_bytes(setup: TrainingSetup) -> int:
     """RoPE cos and sin, ``(1, s, head_dim)`` each in the stream dtype, shared by every layer's attention.
 
     NB: saved only if some attention needs a gradient: always, except a one-layer LoRA model without
@@ -236,33 +256,106 @@ def tokens(setup: TrainingSetup) -> int:
     return setup.batch * setup.seq
 
 
+# ------------------------------------------------------------------------------- which inventory, and the traced one
+
+HAND_DERIVED = frozenset({Family.LLAMA, Family.MISTRAL})  # the layer the inventory above was derived for
+
+
+def hand_derived(setup: TrainingSetup) -> bool:
+    """Is the setup's layer the one the hand-derived inventory describes? LLaMA's, and Mistral's while the sequence
+    is shorter than its window (from ``seq >= window`` on transformers materialises a sliding-window mask)."""
+    spec = setup.model
+    return spec.family in HAND_DERIVED and (spec.sliding_window is None or setup.seq < spec.sliding_window)
+
+
+def probe(setup: TrainingSetup) -> Probe:
+    """The dtypes, LoRA and attention the setup's regime traces one layer with (:mod:`oomlab.budget.layer_trace`)."""
+    r, lora = regime(setup), setup.method is not Method.FULL
+    half = setup.precision.compute_dtype
+    if r is Regime.FP32:
+        dtypes = StepDTypes("float32", None, False, None)
+    elif r is Regime.AUTOCAST:
+        dtypes = StepDTypes(half if lora else "float32", half, lora, None)
+    elif r is Regime.HALF:
+        dtypes = StepDTypes(half, None, lora, None)
+    else:  # POLICY: every parameter gathered in half, adapters included
+        dtypes = StepDTypes(half, None, False, None)
+    window = setup.model.sliding_window
+    return Probe(dtypes, setup.lora_rank if lora else 0, setup.lora_targets if lora else (), setup.attention.value,
+                 window is not None and setup.seq >= window, setup.batch == 1)
+
+
+_TRACES: dict[tuple, LayerTrace] = {}
+
+
+def layer_trace(setup: TrainingSetup) -> LayerTrace:
+    """The setup's one-layer trace, memoised on what it depends on (QLoRA's frozen 4-bit base saves as LoRA's)."""
+    window = setup.model.sliding_window
+    key = (setup.model, regime(setup), setup.method is Method.FULL, setup.precision._value_, setup.attention._value_,
+           setup.lora_rank, setup.lora_targets, window is not None and setup.seq >= window, setup.batch == 1)
+    found = _TRACES.get(key)
+    if found is None:
+        found = _TRACES[key] = trace_layers(setup.model, probe(setup))
+    return found
+
+
+# -------------------------------------------------------------------------------------------------- public figures
+
+
 def layer_activation_bytes(setup: TrainingSetup) -> int:
-    """Bytes one decoder layer keeps for backward (without checkpointing), autocast copies excluded."""
-    return tokens(setup) * _sums(layer_inventory(setup))[0]
+    """Bytes one decoder layer keeps for backward (without checkpointing), autocast copies excluded.
+
+    NB: traced families whose layers differ (Gemma-2's sliding and global ones): the mean of the later layers.
+    """
+    if hand_derived(setup):
+        return tokens(setup) * _sums(layer_inventory(setup))[0]
+    return layer_trace(setup).mean_layer(setup.batch, setup.seq)
 
 
 def layer_fixed_bytes(setup: TrainingSetup) -> int:
     """Per-layer bytes kept for backward that do not scale with tokens (autocast weight copies)."""
-    return _sums(layer_inventory(setup))[1]
+    if hand_derived(setup):
+        return _sums(layer_inventory(setup))[1]
+    return layer_trace(setup).mean_layer(setup.batch, setup.seq, fixed=True)
 
 
 def checkpoint_layer_bytes(setup: TrainingSetup) -> int:
     """With (non-reentrant) checkpointing a layer keeps only its input hidden states."""
-    return tokens(setup) * stream_bytes(setup) * setup.model.hidden_size
+    stream = stream_bytes(setup) if hand_derived(setup) else layer_trace(setup).stream_bytes
+    return tokens(setup) * stream * setup.model.hidden_size
 
 
 def model_activation_bytes(setup: TrainingSetup) -> int:
     """Saved tensors outside the layers (token-scaled part)."""
-    return tokens(setup) * _sums(model_inventory(setup))[0]
+    if hand_derived(setup):
+        return tokens(setup) * _sums(model_inventory(setup))[0]
+    return layer_trace(setup).outside.at(setup.batch, setup.seq, fixed=False)
 
 
 def model_fixed_bytes(setup: TrainingSetup) -> int:
-    return _sums(model_inventory(setup))[1]
+    if hand_derived(setup):
+        return _sums(model_inventory(setup))[1]
+    return layer_trace(setup).outside.fixed
 
 
 def first_layer_activation_bytes(setup: TrainingSetup) -> int:
     """The first layer's saved bytes: less under LoRA, where its input needs no gradient."""
-    return tokens(setup) * _sums(layer_inventory(setup, first=True))[0]
+    if hand_derived(setup):
+        return tokens(setup) * _sums(layer_inventory(setup, first=True))[0]
+    return layer_trace(setup).first.at(setup.batch, setup.seq, fixed=False)
+
+
+def rope_bytes(setup: TrainingSetup) -> int:
+    """Saved tensors every layer shares, counted once: RoPE's cos and sin (and a materialised attention mask)."""
+    if hand_derived(setup):
+        return _hand_rope_bytes(setup)
+    return layer_trace(setup).shared.at(setup.batch, setup.seq)
+
+
+def _later_layers_bytes(setup: TrainingSetup) -> int:
+    if hand_derived(setup):
+        return (setup.model.num_hidden_layers - 1) * layer_activation_bytes(setup)
+    return layer_trace(setup).later_layers(setup.batch, setup.seq)
 
 
 def saved_activation_bytes(setup: TrainingSetup) -> int:
@@ -271,25 +364,46 @@ def saved_activation_bytes(setup: TrainingSetup) -> int:
     outside = model_activation_bytes(setup) + rope_bytes(setup)
     if setup.checkpointing:
         return layers * checkpoint_layer_bytes(setup) + outside
-    rest = (layers - 1) * layer_activation_bytes(setup)
-    return first_layer_activation_bytes(setup) + rest + outside
+    return first_layer_activation_bytes(setup) + _later_layers_bytes(setup) + outside
+
+
+def softcap_saved_bytes(setup: TrainingSetup) -> int:
+    """Gemma-2's final logit soft-capping (``tanh(logits / cap) * cap``, modeling_gemma2.py): tanh saves its
+    (tokens x vocab) output, in the logits' dtype, until backward reaches it -- a logits-sized tensor, counted with the
+    loss's (the traced inventory has it among the tensors outside the layers)."""
+    if getattr(setup.model.resolved, "final_logit_softcapping", None) is None:
+        return 0
+    return tokens(setup) * setup.model.vocab_size * (FP32 if setup.precision is Precision.FP32 else HALF)
+
+
+@functools.lru_cache(maxsize=256)
+def _autocast_layer_params(spec: ModelSpec) -> int:
+    """The layers' parameters autocast casts (summed once per model: the budget asks for every setup)."""
+    return sum(layout.autocast_params for layout in spec.layer_layouts)
 
 
 def autocast_cache_bytes(setup: TrainingSetup) -> int:
     """Half copies of every fp32 weight in autocast's cache at the end of forward (full fine-tuning).
 
     Held until the outermost ``torch.autocast`` exits, whether or not checkpointing frees the layers'
-    saved tensors.
+    saved tensors. What autocast casts is every weight and bias ``F.linear`` receives -- the layers' nn.Linear
+    modules, MoE routers, the LM head (the embedding's weight when tied) -- and nothing else: MoE experts run
+    ``grouped_mm``, which autocast does not cast (transformers casts the tokens to the experts' dtype instead).
     """
     if regime(setup) is not Regime.AUTOCAST or setup.method is not Method.FULL:
         return 0
     spec = setup.model
-    return HALF * (spec.num_hidden_layers * spec.layer_matmul_params + spec.lm_head_params)
+    layers = _autocast_layer_params(spec)
+    head_bias = spec.lm_head_params - (0 if spec.tie_word_embeddings else spec.embedding_params)
+    return HALF * (layers + spec.embedding_params + head_bias)
 
 
 def autocast_copy_bytes(setup: TrainingSetup) -> int:
     """Half copies of weights autocast made in forward and that backward still needs."""
     if setup.checkpointing:
         return model_fixed_bytes(setup)  # recomputed layers cast again in backward, one at a time
+    if not hand_derived(setup):
+        trace = layer_trace(setup)
+        return trace.first.fixed + trace.later_layers(setup.batch, setup.seq, fixed=True) + trace.outside.fixed
     first = _sums(layer_inventory(setup, first=True))[1]
     return first + (setup.model.num_hidden_layers - 1) * layer_fixed_bytes(setup) + model_fixed_bytes(setup)

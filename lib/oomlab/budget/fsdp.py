@@ -40,9 +40,9 @@ A, LG, X = MemCategory.ACTIVATIONS, MemCategory.LOGITS_LOSS, MemCategory.WORKSPA
 def layer_gathered_bytes(setup: TrainingSetup) -> int:
     """One decoder layer's parameters as FSDP gathers them (half), adapters included."""
     spec = setup.model
-    params = spec.layer_matmul_params + 2 * spec.hidden_size
+    params = spec.layer_params  # every parameter of the layer (LLaMA: projections + 2 h norms)
     if setup.method is not Method.FULL:
-        params += sum(setup.lora_rank * sum(spec.projection_shapes[t]) for t in setup.lora_targets)
+        params += spec.layer_lora_parameters(setup.lora_rank, setup.lora_targets)
     if setup.method is Method.QLORA:  # the projections gathered as NF4 (bnb_4bit_quant_storage = the half dtype)
         return HALF * (params - spec.layer_matmul_params) + round(spec.layer_matmul_params * NF4_DQ_BITS / 8)
     return HALF * params
@@ -52,9 +52,9 @@ def layer_grad_shard_bytes(setup: TrainingSetup, grad_bytes: int) -> int:
     """One layer's sharded gradient (the trained parameters' only)."""
     spec = setup.model
     if setup.method is Method.FULL:
-        params = spec.layer_matmul_params + 2 * spec.hidden_size
+        params = spec.layer_params  # every parameter of the layer (LLaMA: projections + 2 h norms)
     else:
-        params = sum(setup.lora_rank * sum(spec.projection_shapes[t]) for t in setup.lora_targets)
+        params = spec.layer_lora_parameters(setup.lora_rank, setup.lora_targets)
     return ceil_div(grad_bytes * params, setup.world_size)
 
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from oomlab.core.choices import Choice, Method
 from oomlab.core.setup import TrainingSetup
 
 
-class MemCategory(enum.Enum):
+class MemCategory(Choice):
     """Where a GPU byte goes during a training step."""
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash is slow in the hot loop
@@ -26,7 +26,7 @@ class MemCategory(enum.Enum):
     ALLOCATOR_OVERHEAD = "allocator overhead"  # reserved but not allocated: rounding and fragmentation
 
 
-class Phase(enum.Enum):
+class Phase(Choice):
     """The phases of a step whose maximum is the step's peak (budgets, traces and measurements alike)."""
 
     __hash__ = object.__hash__
@@ -36,7 +36,7 @@ class Phase(enum.Enum):
     OPTIMIZER = "optimizer"  # optimizer.step() and zero_grad()
 
 
-class Source(enum.Enum):
+class Source(Choice):
     """Where a figure comes from."""
 
     ANALYTIC = "analytic"  # oomlab's formulas
@@ -63,6 +63,17 @@ class BudgetResult:
     host_ram_bytes: int
     capacity_bytes: int
     notes: tuple[str, ...] = ()
+
+    @property
+    def parameters(self) -> int:
+        """The base model's parameters (tied weights once; MoE: every expert), as the model card counts them."""
+        return self.setup.model.num_parameters
+
+    @property
+    def trainable_parameters(self) -> int:
+        """Parameters with a gradient: all of them (full fine-tuning) or the LoRA adapters' ``r (in + out)`` each."""
+        s = self.setup
+        return self.parameters if s.method is Method.FULL else s.model.lora_parameters(s.lora_rank, s.lora_targets)
 
     @property
     def allocated_peak_bytes(self) -> int:
@@ -95,6 +106,7 @@ class BudgetResult:
             "strategy": s.strategy.value, "method": s.method.value, "precision": s.precision.value,
             "optimizer": s.optimizer.value, "batch": s.batch, "seq": s.seq, "checkpointing": s.checkpointing,
             "attention": s.attention.value, "lora_rank": s.lora_rank, "lora_targets": list(s.lora_targets),
+            "parameters": self.parameters, "trainable_parameters": self.trainable_parameters,
             "per_gpu_peak_bytes": self.per_gpu_peak_bytes, "allocated_peak_bytes": self.allocated_peak_bytes,
             "peak_phase": self.peak_phase.value,
             "components": {k.value: v for k, v in self.components.items()},

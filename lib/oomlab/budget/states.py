@@ -25,7 +25,7 @@ NF4_DQ_BITS = 4.127  # QLoRA paper: NF4 weights, 64-blocks, fp8 second-level abs
 NF4_STATE_TENSOR_BYTES = 4 * 16 + 4 + 4 * 256
 ADAM8_BLOCK = 256  # bitsandbytes 8-bit optimizers: one fp32 absmax per block of 256 values
 ADAM8_MIN_SIZE = 4096  # bitsandbytes keeps 32-bit state for tensors with fewer elements (min_8bit_size)
-DEEPSPEED_STRATEGIES = (Strategy.ZERO1, Strategy.ZERO2)
+DEEPSPEED_STRATEGIES = tuple(s for s in Strategy if s.deepspeed)  # zero1/2/3 and their offloads
 MIXED = (Precision.FP16_MIXED, Precision.BF16_MIXED)
 
 
@@ -39,8 +39,7 @@ def lora_parameters(setup: TrainingSetup) -> int:
 
 @lru_cache(maxsize=1024)
 def _lora_parameters(spec: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
-    dims = spec.projection_shapes
-    return spec.num_hidden_layers * sum(rank * sum(dims[t]) for t in targets)
+    return spec.lora_parameters(rank, targets)  # every layer's targeted nn.Linear modules (Qwen-MoE's differ)
 
 
 def trainable_parameters(setup: TrainingSetup) -> int:
@@ -153,14 +152,18 @@ def optimizer_temp_bytes(setup: TrainingSetup) -> int:
     """Temporaries of the optimizer step.
 
     torch's foreach AdamW: ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``, one state-sized
-    temporary.  DeepSpeed ZeRO-1/2: the fp32 copy of this rank's gradient partition that its (fused)
-    optimizer steps with (``single_grad_partition``, 4 bytes per parameter / data-parallel degree).
+    temporary.  DeepSpeed: its optimizers update in place, but ``step()`` first flattens this rank's half gradient
+    partition and converts it to fp32 (``flatten(...)`` then ``.to(fp32)``, stage_1_and_2.py:3113-3118; ZeRO-3 per
+    sub-group, stage3.py:2683-2700): 2 + 4 bytes per parameter / data-parallel degree (the exact per-rank figure,
+    with DeepSpeed's alignment and sub-groups, is :mod:`oomlab.budget.deepspeed`'s).
     torch's fused AdamW (``fused=True``, what Trainer's default ``adamw_torch_fused`` builds) updates every
     tensor in one kernel and keeps no temporary.
     NB: SGD and the 8-bit optimizer update in place; offloaded states step on the host.
     """
     if setup.strategy in DEEPSPEED_STRATEGIES:
-        return ceil_div(4 * trainable_parameters(setup), setup.world_size)
+        if setup.strategy.offloads_optimizer:
+            return 0
+        return ceil_div(6 * trainable_parameters(setup), setup.world_size)
     if setup.optimizer is not Optimizer.ADAMW or setup.strategy.offloads:
         return 0
     return optimizer_on_gpu(setup) // 2

@@ -33,17 +33,23 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Precision
 from oomlab.core.errors import InvalidValueError
-from oomlab.core.models import ModelSpec, model_from_config
+from oomlab.core.models import Family, ModelSpec, model_from_config
 from oomlab.core.quiet import quiet_libraries
 from oomlab.core.setup import TrainingSetup, make_setup
 
 BACKWARD_DONE = "backward done"  # the timeline mark after loss.backward(); later events are the optimizer's
 
 LEARNING_RATE = 1e-4  # irrelevant to memory; any positive value
+# MoE experts as transformers 5 runs them by default on a GPU (``get_correct_experts_implementation``): one
+# ``grouped_mm`` over all (token, expert) pairs, sorted by expert -- no data-dependent shapes, so it traces on fake
+# tensors and its memory does not depend on the routing (every token's top-k pairs are computed whatever the router
+# picks). NB: GPUs below compute capability 8.0 (T4, V100) fall back to transformers' looped grouped_mm, same sizes.
+EXPERTS_IMPLEMENTATION = "grouped_mm"
 
 
 def library_versions() -> dict[str, str]:
@@ -72,19 +78,66 @@ TINY_CONFIG: dict[str, Any] = {
 }
 
 
-def tiny_model(**config: Any) -> ModelSpec:
-    """A tiny LLaMA-family spec (h=128, 2 layers, V=512 unless overridden)."""
-    fields = {**TINY_CONFIG, **config}
-    name = "tiny-llama-" + "-".join(f"{k}{v}" for k, v in sorted(config.items())) if config else "tiny-llama"
+# Tiny versions of each family's config: the family's own keys at h=128, 2 layers, V=512 (GQA where the family has
+# it, 4 experts top-2 for MoE, a sliding window on alternate layers for Gemma-2); real CPU steps and quick traces.
+_TINY_COMMON = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512,
+                "max_position_embeddings": 1024}
+TINY_FAMILY_CONFIGS: Mapping[Family, Mapping[str, Any]] = MappingProxyType({
+    Family.LLAMA: TINY_CONFIG,
+    Family.MISTRAL: {"model_type": "mistral", "intermediate_size": 344, "num_key_value_heads": 2,
+                     "sliding_window": 4096, "tie_word_embeddings": False},
+    Family.MIXTRAL: {"model_type": "mixtral", "intermediate_size": 96, "num_key_value_heads": 2,
+                     "num_local_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False},
+    Family.QWEN2: {"model_type": "qwen2", "intermediate_size": 344, "num_key_value_heads": 2,
+                   "tie_word_embeddings": False},
+    Family.QWEN2_MOE: {"model_type": "qwen2_moe", "intermediate_size": 344, "num_key_value_heads": 4,
+                       "moe_intermediate_size": 64, "shared_expert_intermediate_size": 172, "num_experts": 4,
+                       "num_experts_per_tok": 2, "norm_topk_prob": False, "tie_word_embeddings": False},
+    Family.QWEN3: {"model_type": "qwen3", "intermediate_size": 344, "num_key_value_heads": 2, "head_dim": 32,
+                   "tie_word_embeddings": False},
+    Family.QWEN3_MOE: {"model_type": "qwen3_moe", "intermediate_size": 344, "num_key_value_heads": 2, "head_dim": 32,
+                       "moe_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2,
+                       "norm_topk_prob": True, "tie_word_embeddings": False},
+    Family.GEMMA: {"model_type": "gemma", "intermediate_size": 344, "num_key_value_heads": 1, "head_dim": 64,
+                   "hidden_act": "gelu_pytorch_tanh"},
+    Family.GEMMA2: {"model_type": "gemma2", "intermediate_size": 344, "num_key_value_heads": 2, "head_dim": 48,
+                    "sliding_window": 64, "query_pre_attn_scalar": 48, "final_logit_softcapping": 30.0,
+                    "attn_logit_softcapping": 50.0},
+    Family.PHI: {"model_type": "phi", "intermediate_size": 512, "partial_rotary_factor": 0.5,
+                 "tie_word_embeddings": False},
+    Family.PHI3: {"model_type": "phi3", "intermediate_size": 344, "num_key_value_heads": 2, "pad_token_id": 0,
+                  "tie_word_embeddings": False},
+    Family.GPT_NEOX: {"model_type": "gpt_neox", "intermediate_size": 512, "rotary_pct": 0.25,
+                      "use_parallel_residual": True, "tie_word_embeddings": False},
+    Family.STABLELM: {"model_type": "stablelm", "intermediate_size": 344, "num_key_value_heads": 4,
+                      "partial_rotary_factor": 0.25,
+                      "use_qkv_bias": True, "tie_word_embeddings": False},
+    Family.OLMO2: {"model_type": "olmo2", "intermediate_size": 344, "num_key_value_heads": 4,
+                   "tie_word_embeddings": False},
+    Family.FALCON: {"model_type": "falcon", "multi_query": True, "parallel_attn": True, "bias": False,
+                    "new_decoder_architecture": False, "alibi": False},
+})
+
+
+def tiny_model(family: Family | str = Family.LLAMA, **config: Any) -> ModelSpec:
+    """A tiny spec of ``family`` (LLaMA: h=128, 2 layers, V=512; see :data:`TINY_FAMILY_CONFIGS`), overridable."""
+    family = Family(family)
+    base = TINY_CONFIG if family is Family.LLAMA else {
+        **_TINY_COMMON, **TINY_FAMILY_CONFIGS[family], "_source": f"oomlab tiny {family.value} for traced-vs-measured "
+                                                                  "checks"}
+    fields = {**base, **config}
+    stem = "tiny-llama" if family is Family.LLAMA else f"tiny-{family.value}"
+    name = stem + "-" + "-".join(f"{k}{v}" for k, v in sorted(config.items())) if config else stem
     return model_from_config(fields, name)
 
 
-def tiny_setup(model_config: Mapping[str, Any] | None = None, **kw: Any) -> TrainingSetup:
+def tiny_setup(model_config: Mapping[str, Any] | None = None, family: Family | str = Family.LLAMA,
+               **kw: Any) -> TrainingSetup:
     """A :class:`TrainingSetup` over :func:`tiny_model` (defaults: batch 2, seq 128; every other knob as given)."""
     kw.setdefault("batch", 2)
     kw.setdefault("seq", 128)
     kw.setdefault("gpu", "a100-80gb")  # only for validation (bf16 support); traces do not depend on the GPU
-    return make_setup(model=tiny_model(**dict(model_config or {})), **kw)
+    return make_setup(model=tiny_model(family, **dict(model_config or {})), **kw)
 
 
 # --------------------------------------------------------------------------------------------- building a step
@@ -117,32 +170,47 @@ def step_dtypes(setup: TrainingSetup) -> StepDTypes:
     return StepDTypes(half, None, adapters, None)  # peft keeps adapters fp32 over a half base by default
 
 
-def build_model(setup: TrainingSetup, device: str) -> Any:
+def build_model(setup: TrainingSetup, device: str, dtypes: StepDTypes | None = None) -> Any:
     """The setup's model on ``device`` ("meta" for traces, "cpu" for real tiny runs), in training mode.
 
     Checkpointing and attention are set on the transformers model; LoRA is applied with peft. QLoRA is built
-    by :mod:`oomlab.measure` (it needs real weights to quantize).
+    by :mod:`oomlab.measure` (it needs real weights to quantize). ``dtypes``: other than the setup's own
+    (:func:`step_dtypes`) -- the one-layer inventory builds each regime's dtypes directly.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     if setup.method is Method.QLORA:
         raise InvalidValueError("method 'qlora' needs real weights; build it with oomlab.budget.measured.real_model")
-    dtypes = step_dtypes(setup)
+    setup.model.check_attention(setup.attention.value)
+    dtypes = dtypes or step_dtypes(setup)
     config = setup.model.hf_config()
     config.use_cache = False  # a training step: no KV cache
+    extra = {"experts_implementation": EXPERTS_IMPLEMENTATION} if setup.model.family.moe else {}
     with quiet_libraries():
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(
-                config, dtype=getattr(torch, dtypes.storage), attn_implementation=setup.attention.value
+                config, dtype=getattr(torch, dtypes.storage), attn_implementation=setup.attention.value, **extra
             )
         if setup.checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    if setup.method is Method.LORA:
-        model = apply_lora(model, setup, adapters_fp32=dtypes.adapters_fp32)
+        if setup.method is Method.LORA:  # peft asks transformers' deprecated is_gradient_checkpointing: quiet
+            model = apply_lora(model, setup, adapters_fp32=dtypes.adapters_fp32)
     if dtypes.autocast is not None:
         accelerate_autocast(model, dtypes.autocast)
     model.train()
+    return model
+
+
+def to_empty_tied(model: Any, device: str = "cpu") -> Any:
+    """``model.to_empty(device=...)`` with its tied weights tied again (as ``from_pretrained`` leaves them).
+
+    ``Module._apply`` gives each registration of a shared parameter its own new tensor when it cannot swap the data in
+    place (meta to fake): an LM head tied to the embedding would be counted twice.
+    """
+    model.to_empty(device=device)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.tie_weights()
     return model
 
 
@@ -215,7 +283,8 @@ def run_step(model: Any, optimizer: Any, input_ids: Any, mark: Callable[[str], N
 
 @contextlib.contextmanager
 def real_data_decisions() -> Iterator[None]:
-    """Make transformers take, on fake tensors, the branches it takes on the real token ids.
+    """Make transformers take, on fake tensors, the branches it takes on the real token ids -- and run MoE experts
+    through a grouped matmul that fake tensors can run.
 
     transformers reads tensor *values* in one place of a LLaMA training forward: ``find_packed_sequence_indices``
     checks whether the position ids describe several packed sequences, and skips the check -- assuming packing --
@@ -223,10 +292,27 @@ def real_data_decisions() -> Iterator[None]:
     materialises a ``batch x 1 x seq x seq`` mask plus an additive copy per layer, memory a real step never
     allocates. Our ids are one unpacked sequence per row (positions ``0 .. seq-1``), for which the real answer
     is ``None``.
+
+    MoE (``grouped_mm`` experts): ``torch._grouped_mm``'s meta function accepts bfloat16 only (it mirrors the CUDA
+    kernel's checks), so fp32 and fp16 experts cannot run on fake tensors; for them transformers' own fallback custom
+    op (``transformers::grouped_mm_fallback``, integrations/moe.py) computes the same product with a registered fake
+    implementation and autograd formula that save the same two tensors (the sorted token states and the expert
+    weight). bfloat16 experts run the native op. Traces and real CPU runs take the same path. NB: the fallback's
+    backward also computes the gradient of frozen experts (LoRA over an fp16 base): one transient expert-sized
+    tensor per layer that the native op would not allocate.
     """
     from unittest import mock
 
     from transformers import masking_utils
+    from transformers.integrations import moe
 
-    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+    native = moe._can_use_grouped_mm
+
+    def bf16_only(input: Any, weight: Any, offs: Any) -> bool:
+        import torch
+
+        return weight.dtype == torch.bfloat16 and native(input, weight, offs)
+
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None), \
+            mock.patch.object(moe, "_can_use_grouped_mm", bf16_only):
         yield

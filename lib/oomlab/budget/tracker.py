@@ -69,9 +69,13 @@ class TraceResult:
 
 
 def _decoder_layer_depth(model: Any) -> int:
-    """Depth (dots in the name + 1) of the first ``*DecoderLayer``; the timeline records down to one below."""
+    """Depth (dots in the name + 1) of the first decoder layer (a ``_no_split_modules`` class: ``LlamaDecoderLayer``,
+    ``GPTNeoXLayer``, ...); the timeline records down to one below."""
+    classes = set()
+    for module in model.modules():
+        classes.update(getattr(module, "_no_split_modules", None) or ())
     for name, module in model.named_modules():
-        if type(module).__name__.endswith("DecoderLayer"):
+        if type(module).__name__ in classes or type(module).__name__.endswith("DecoderLayer"):
             return name.count(".") + 1
     return 3
 

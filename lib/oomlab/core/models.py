@@ -1,5 +1,13 @@
-"""Model specifications: the fields of a Hugging Face ``config.json`` (plus ``_source``), loaded into a frozen
-:class:`ModelSpec` that also carries the model's geometry (projection shapes, head dimensions, parameter count).
+"""Model specifications: a Hugging Face ``config.json`` (plus ``_source``) read through transformers' own config class
+(``AutoConfig.for_model``), loaded into a frozen :class:`ModelSpec` that carries the model's geometry -- every decoder
+layer's parameters as transformers builds them (:class:`LayerLayout`), head dimensions, the parameter count.
+
+Defaults and derived fields come from the config class, never guessed: Gemma's and Falcon's tied embeddings (absent
+from their ``config.json``), Falcon's ``n_head``/``n_layer`` aliases and ``ffn_hidden_size``, Qwen2's implicit q/k/v
+biases, ``head_dim`` where it is not ``hidden / heads``.  Each :class:`Family` states the layout of its decoder layer
+(read off ``transformers/models/<family>/modeling_<family>.py``); tests check every shipped spec's layout and count
+against the model built on ``meta``.  What is not a supported decoder-only family is refused by :func:`check_supported`
+before any work.
 
 Shipped specs live in ``specs/models/*.json``; a path to a ``config.json`` (or its folder) works the same way.
 """
@@ -7,6 +15,8 @@ Shipped specs live in ``specs/models/*.json``; a path to a ``config.json`` (or i
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
@@ -14,26 +24,37 @@ from types import MappingProxyType
 from typing import Any
 
 from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.core.layouts import (  # noqa: F401  (ALL_LINEAR, PROJECTIONS, Projection: re-exported)
+    ALL_LINEAR,
+    FAMILY_NAMES,
+    LAYERNORM_FAMILIES,
+    PROJECTIONS,
+    Family,
+    LayerLayout,
+    Projection,
+    head_dim_of,
+    kv_dim_of,
+    kv_heads_of,
+    layer_layout,
+    q_dim_of,
+)
 from oomlab.core.paths import MODEL_SPECS_DIR
-
-# The decoder layer's projections, in the order transformers registers them (attention, then MLP).
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer, as described by its Hugging Face ``config.json``."""
+    """A decoder-only transformer, as described by its Hugging Face ``config.json`` and read by its config class."""
 
     name: str  # short name ("llama-13b") or the config path it was read from
-    model_type: str  # HF model_type: "llama", "mistral"
+    model_type: str  # HF model_type: "llama", "mistral", ...
     hidden_size: int  # h
-    intermediate_size: int  # MLP width (SwiGLU: three h x i matrices)
+    intermediate_size: int  # MLP width (SwiGLU: three h x i matrices; MoE: one expert's)
     num_hidden_layers: int  # L
     num_attention_heads: int  # a
-    num_key_value_heads: int  # GQA groups (== a without GQA)
+    num_key_value_heads: int  # GQA groups (== a without GQA; 1 for multi-query)
     vocab_size: int  # V
     max_position_embeddings: int
-    tie_word_embeddings: bool
+    tie_word_embeddings: bool  # as the config class resolves it (Gemma, Falcon: true by default)
     source: str  # where the config comes from
     config: MappingProxyType = field(compare=False, repr=False)  # the raw config.json fields
 
@@ -41,8 +62,17 @@ class ModelSpec:
         return hash(self.name)
 
     @cached_property
+    def family(self) -> Family:
+        return Family(self.model_type)
+
+    @cached_property
+    def resolved(self) -> Any:
+        """The transformers config object (defaults filled in); shared -- do not modify (see :meth:`hf_config`)."""
+        return self.hf_config()
+
+    @cached_property
     def head_dim(self) -> int:
-        return int(self.config.get("head_dim") or self.hidden_size // self.num_attention_heads)
+        return head_dim_of(self.resolved)
 
     @cached_property
     def q_dim(self) -> int:
@@ -55,16 +85,82 @@ class ModelSpec:
         return self.num_key_value_heads * self.head_dim
 
     @cached_property
+    def sliding_window(self) -> int | None:
+        """The attention window of sliding-window layers, if any layer has one (``None``: every layer is global)."""
+        window = getattr(self.resolved, "sliding_window", None)
+        types = getattr(self.resolved, "layer_types", None)
+        if not window or (types is not None and "sliding_attention" not in types) \
+                or getattr(self.resolved, "use_sliding_window", True) is False:
+            return None
+        return int(window)
+
+    @cached_property
+    def layer_layouts(self) -> tuple[LayerLayout, ...]:
+        """Every decoder layer's :class:`LayerLayout` (equal layers share one object)."""
+        seen: dict[LayerLayout, LayerLayout] = {}
+        out = []
+        for index in range(self.num_hidden_layers):
+            layout = layer_layout(self.family, self.resolved, index)
+            out.append(seen.setdefault(layout, layout))
+        return tuple(out)
+
+    @cached_property
+    def layer(self) -> LayerLayout:
+        """The most common layer's layout (every layer's, for every shipped spec)."""
+        return Counter(self.layer_layouts).most_common(1)[0][0]
+
+    @cached_property
+    def uniform_layers(self) -> bool:
+        return len(set(self.layer_layouts)) == 1
+
+    @cached_property
     def projection_shapes(self) -> MappingProxyType:
-        """``{projection: (in_features, out_features)}`` of one decoder layer, in :data:`PROJECTIONS` order."""
-        h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_dim, self.kv_dim
-        return MappingProxyType({"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)})
+        """``{module name: (in_features, out_features)}`` of the layer's nn.Linear modules, as registered.
+
+        NB: of the most common layer (Qwen-MoE configs with ``mlp_only_layers`` mix dense and sparse layers).
+        """
+        return MappingProxyType({k: (p.in_features, p.out_features) for k, p in self.layer.projections.items()})
+
+    @cached_property
+    def lora_target_names(self) -> tuple[str, ...]:
+        """The module names LoRA can target (peft matches a target against a module name's last part)."""
+        names: dict[str, None] = {}
+        for layout in self.layer_layouts:
+            names.update(dict.fromkeys(k.rsplit(".", 1)[-1] for k in layout.projections))
+        return tuple(names)
+
+    @cached_property
+    def attention_projections(self) -> tuple[str, ...]:
+        """The attention's own projections: what the default LoRA targets (LLaMA's q/k/v/o) mean in this family."""
+        first_mlp = {"gate_proj", "gate_up_proj", "fc1", "dense_h_to_4h", "shared_expert.gate_proj"}
+        names = []
+        for name in self.layer_layouts[0].projections:
+            if name in first_mlp:
+                break
+            names.append(name)
+        return tuple(names)
+
+    def layer_lora_parameters(self, rank: int, targets: tuple[str, ...]) -> int:
+        """Adapter parameters of one (the most common) layer: ``r (in + out)`` per targeted nn.Linear."""
+        chosen = set(targets)
+        return sum(rank * (p.in_features + p.out_features) for name, p in self.layer.projections.items()
+                   if name.rsplit(".", 1)[-1] in chosen)
+
+    def lora_parameters(self, rank: int, targets: tuple[str, ...]) -> int:
+        """Adapter parameters over every layer: ``r (in + out)`` per targeted nn.Linear (Hu et al. 2021)."""
+        chosen = set(targets)
+        return sum(rank * (p.in_features + p.out_features) for layout in self.layer_layouts
+                   for name, p in layout.projections.items() if name.rsplit(".", 1)[-1] in chosen)
 
     @cached_property
     def layer_matmul_params(self) -> int:
-        """Parameters of one decoder layer's projection matrices (what QLoRA quantizes, what FLOPs multiply)."""
-        return sum(n_in * n_out for n_in, n_out in self.projection_shapes.values())
+        """Weights of one layer's nn.Linear modules (what QLoRA quantizes; MoE experts' 3-D tensors excluded)."""
+        return self.layer.linear_weight_params
+
+    @cached_property
+    def layer_params(self) -> int:
+        """Every parameter of one (the most common) decoder layer: projections, biases, norms, router, experts."""
+        return self.layer.params
 
     @cached_property
     def embedding_params(self) -> int:
@@ -73,27 +169,67 @@ class ModelSpec:
 
     @cached_property
     def lm_head_params(self) -> int:
-        """The untied LM head's parameters (0 when it shares the embedding's weight)."""
-        return 0 if self.tie_word_embeddings else self.embedding_params
+        """The untied LM head's parameters, its bias included (Phi); 0 when it shares the embedding's weight."""
+        bias = self.vocab_size if self.family is Family.PHI else 0
+        return bias + (0 if self.tie_word_embeddings else self.embedding_params)
+
+    @cached_property
+    def final_norm_params(self) -> int:
+        return self.hidden_size * (2 if self.family in LAYERNORM_FAMILIES else 1)
 
     @cached_property
     def num_parameters(self) -> int:
-        """Parameter count from the shapes (checked against the meta-built model in tests)."""
-        h, i = self.hidden_size, self.intermediate_size
-        bias = 0
-        if self.config.get("attention_bias"):
-            bias += self.q_dim + 2 * self.kv_dim + h
-        if self.config.get("mlp_bias"):
-            bias += 2 * i + h
-        per_layer = self.layer_matmul_params + 2 * h + bias
-        return self.embedding_params + self.num_hidden_layers * per_layer + h + self.lm_head_params
+        """Parameter count from the layouts (tied weights once; checked against the meta-built model in tests)."""
+        layers = sum(layout.params for layout in self.layer_layouts)
+        return self.embedding_params + layers + self.final_norm_params + self.lm_head_params
+
+    @cached_property
+    def active_parameters(self) -> int:
+        """Parameters one token runs through: the experts it is routed to only (MoE), everything otherwise."""
+        inactive = sum(layout.expert_params * (layout.experts - layout.experts_per_token) // layout.experts
+                       for layout in self.layer_layouts if layout.experts)
+        return self.num_parameters - inactive
+
+    def attention_implementations(self) -> tuple[str, ...]:
+        """The attention implementations (of oomlab's ``eager`` and ``sdpa``) transformers allows for this family."""
+        if self.family is Family.GEMMA2:  # modeling_gemma2.py: _supports_sdpa = False (sdpa cannot soft-cap)
+            return ("eager",)
+        return ("eager", "sdpa")
+
+    def check_attention(self, attention: str) -> None:
+        """Refuse an attention implementation transformers refuses for this model, saying what to pass."""
+        allowed = self.attention_implementations()
+        if attention not in allowed:
+            raise InvalidValueError(
+                f"model {self.name!r} ({self.family.value}) cannot run attention {attention!r}: transformers "
+                f"supports only {', '.join(repr(a) for a in allowed)} for it"
+                + (" (SDPA cannot soft-cap attention logits)" if self.family is Family.GEMMA2 else "")
+                + f"; pass attention={allowed[0]!r} (--attention {allowed[0]})"
+            )
 
     def hf_config(self) -> Any:
-        """A ``transformers`` config object (no hub access)."""
-        from transformers import AutoConfig
+        """A new ``transformers`` config object for this spec (no hub access): callers may change it."""
+        return config_object(self.model_type, self.config)
 
-        fields = {k: v for k, v in self.config.items() if not k.startswith("_") and k != "model_type"}
-        return AutoConfig.for_model(self.model_type, **fields)
+
+# config.json keys that are not config-class arguments: the model_type picks the class; auto_map names custom code
+# oomlab does not run (a supported family's own classes are used instead, as trust_remote_code=False does)
+_NOT_CONFIG_FIELDS = ("model_type", "auto_map")
+# Names older transformers mapped onto the config (FalconConfig.attribute_map in transformers 4.x); transformers 5
+# keeps them as unknown attributes and silently uses its defaults (71 heads, 32 layers) instead: mapped here
+_LEGACY_KEYS = {"falcon": {"n_head": "num_attention_heads", "n_layer": "num_hidden_layers", "n_embed": "hidden_size"}}
+# fields a config.json must give (or an alias the config class maps, e.g. Falcon's n_head): no default is a model
+_REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+# geometry fields that must be positive integers where a config.json gives them (``null`` allowed only where the
+# config class derives the value: ``head_dim``, ``num_key_value_heads``, ...); aliases included
+_POSITIVE_INTS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+                  "max_position_embeddings", "num_key_value_heads", "head_dim", "n_head", "n_layer", "n_embed",
+                  "num_kv_heads", "ffn_hidden_size", "num_local_experts", "num_experts", "num_experts_per_tok",
+                  "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step",
+                  "sliding_window")
+_NULLABLE = frozenset({"intermediate_size", "num_key_value_heads", "head_dim", "num_kv_heads", "ffn_hidden_size",
+                       "sliding_window", "max_position_embeddings", "shared_expert_intermediate_size",
+                       "moe_intermediate_size"})
 
 
 def known_models() -> list[str]:
@@ -101,25 +237,153 @@ def known_models() -> list[str]:
     return sorted(p.stem for p in MODEL_SPECS_DIR.glob("*.json"))
 
 
-def _model_from_dict(name: str, raw: dict[str, Any], source: str) -> ModelSpec:
+def check_supported(raw: Mapping[str, Any], source: str) -> Family:
+    """The :class:`Family` of a ``config.json``'s fields, or a clear refusal: what was found, what is supported,
+    what to pass instead (encoder-decoder, vision-language, custom code, other architectures)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    )
+
+    supported = f"oomlab budgets decoder-only causal LMs of the families {', '.join(FAMILY_NAMES)}"
+    instead = f"pass a shipped model ({', '.join(known_models()[:4])}, ...) or the config.json of a supported one"
+    model_type = raw.get("model_type")
+    if not model_type:
+        raise InvalidValueError(f"model config {source!r} lacks the field 'model_type' (it names the transformers "
+                                f"config class); {supported}")
+    architectures = ", ".join(raw.get("architectures") or ()) or "no architectures listed"
+    found = f"model config {source!r} is model_type {model_type!r} ({architectures})"
     try:
-        heads = int(raw["num_attention_heads"])
-        return ModelSpec(
-            name=name,
-            model_type=str(raw.get("model_type", "llama")),
-            hidden_size=int(raw["hidden_size"]),
-            intermediate_size=int(raw["intermediate_size"]),
-            num_hidden_layers=int(raw["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-            vocab_size=int(raw["vocab_size"]),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            source=str(raw.get("_source", source)),
-            config=MappingProxyType(dict(raw)),
-        )
-    except KeyError as err:
-        raise InvalidValueError(f"model config {source!r} lacks the field {err.args[0]!r}") from err
+        return Family(model_type)
+    except ValueError:
+        pass
+    text = raw.get("text_config")
+    if model_type not in CONFIG_MAPPING_NAMES:
+        what = f"custom code ({'auto_map: ' + ', '.join(raw['auto_map'].values())}, which needs trust_remote_code)" \
+            if isinstance(raw.get("auto_map"), dict) else "unknown to transformers " + _transformers_version()
+        raise InvalidValueError(f"{found}: {what}; oomlab builds models with transformers' own classes only. "
+                                f"{supported}; {instead}")
+    if raw.get("is_encoder_decoder") or model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        raise InvalidValueError(f"{found}: an encoder-decoder model. {supported}; {instead}")
+    if isinstance(text, dict) or "vision_config" in raw or model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        hint = ""
+        if isinstance(text, dict) and text.get("model_type") in FAMILY_NAMES:
+            hint = f" (its language model is {text['model_type']!r}: save text_config as a config.json to budget it)"
+        raise InvalidValueError(f"{found}: a vision-language model{hint}; its vision tower is not budgeted. "
+                                f"{supported}; {instead}")
+    archs = raw.get("architectures") or ()
+    causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
+        not archs or any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs))
+    kind = "a decoder-only family oomlab does not model yet" if causal else "not a decoder-only causal LM"
+    raise InvalidValueError(f"{found}: {kind}. {supported}; {instead}")
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def config_object(model_type: str, raw: Mapping[str, Any]) -> Any:
+    """``AutoConfig.for_model(model_type, **fields)`` over a ``config.json``'s fields (``_``-keys and the custom-code
+    ``auto_map`` left out), transformers' chatter silenced."""
+    from transformers import AutoConfig
+
+    from oomlab.core.quiet import quiet_libraries
+
+    fields = {k: v for k, v in raw.items() if not k.startswith("_") and k not in _NOT_CONFIG_FIELDS}
+    for legacy, key in _LEGACY_KEYS.get(model_type, {}).items():
+        if legacy in fields:
+            value = fields.pop(legacy)
+            if fields.setdefault(key, value) != value:
+                raise InvalidValueError(f"config.json gives {legacy}={value!r} and {key}={fields[key]!r}")
+    with quiet_libraries():
+        return AutoConfig.for_model(model_type, **fields)
+
+
+def check_fields(raw: Any, source: str) -> None:
+    """Refuse a ``config.json`` that is not an object of fields, or whose geometry fields are not positive integers
+    (``"abc"``, ``0``, ``-4096``, ``4096.5``, ``true``): the field, the value and what is accepted."""
+    if not isinstance(raw, Mapping):
+        raise InvalidValueError(f"model config {source!r} must be a JSON object of config fields "
+                                f"({{\"model_type\": \"llama\", \"hidden_size\": 4096, ...}}); got a "
+                                f"{_json_kind(raw)}")
+    model_type = raw.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise InvalidValueError(f"model config {source!r}: field 'model_type' is "
+                                f"{json.dumps(model_type, default=repr)}; accepted: a "
+                                f"transformers model type string, one of {', '.join(FAMILY_NAMES)}")
+    for key in _POSITIVE_INTS:
+        if key not in raw or (raw[key] is None and key in _NULLABLE):
+            continue
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            also = " (or null, to let the config class derive it)" if key in _NULLABLE else ""
+            raise InvalidValueError(f"model config {source!r}: field {key!r} is {json.dumps(value, default=repr)} "
+                                    f"({_json_kind(value)}); "
+                                    f"accepted: a positive integer{also}")
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer below 1" if value < 1 else "an integer"
+    return {str: "a string", float: "a fractional number", list: "list", type(None): "null",
+            dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _check_geometry(spec: ModelSpec, source: str) -> None:
+    """What transformers would build wrong or fail on later: heads that do not divide the width or each other."""
+    heads, kv = spec.num_attention_heads, spec.num_key_value_heads
+    if heads % kv:
+        raise InvalidValueError(f"model config {source!r}: num_key_value_heads {kv} does not divide "
+                                f"num_attention_heads {heads}; accepted: a divisor of {heads} "
+                                f"({', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)})")
+    if "head_dim" not in spec.config and spec.family is not Family.FALCON and spec.hidden_size % heads:
+        raise InvalidValueError(f"model config {source!r}: hidden_size {spec.hidden_size} is not a multiple of "
+                                f"num_attention_heads {heads}; accepted: a head count that divides it, or an "
+                                "explicit head_dim")
+
+
+def _model_from_dict(name: str, raw: dict[str, Any], source: str) -> ModelSpec:
+    check_fields(raw, source)
+    family = check_supported(raw, source)
+    for key in _REQUIRED:
+        if key not in raw and not any(alias in raw for alias in _aliases(family, key)):
+            raise InvalidValueError(f"model config {source!r} lacks the field {key!r} (required: "
+                                    f"{', '.join(_REQUIRED)}; accepted: a positive integer)")
+    from huggingface_hub.errors import StrictDataclassError  # transformers 5's config validation
+
+    try:
+        cfg = config_object(family.value, raw)
+    except (TypeError, ValueError, StrictDataclassError) as err:
+        detail = " ".join(str(err).split())
+        raise InvalidValueError(f"model config {source!r} is refused by transformers' {family.value} config class: "
+                                f"{detail}") from err
+    intermediate = getattr(cfg, "intermediate_size", None) or cfg.ffn_hidden_size  # Falcon: ffn_hidden_size
+    multi_query = family is Family.FALCON and cfg.multi_query and not cfg.new_decoder_architecture
+    spec = ModelSpec(
+        name=name, model_type=family.value, hidden_size=int(cfg.hidden_size), intermediate_size=int(intermediate),
+        num_hidden_layers=int(cfg.num_hidden_layers), num_attention_heads=int(cfg.num_attention_heads),
+        num_key_value_heads=1 if multi_query else int(getattr(cfg, "num_kv_heads", None) or kv_heads_of(cfg)),
+        vocab_size=int(cfg.vocab_size), max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(cfg.tie_word_embeddings), source=str(raw.get("_source", source)),
+        config=MappingProxyType(dict(raw)),
+    )
+    spec.__dict__["resolved"] = cfg  # fill the cached_property: the config class has run once already
+    _check_geometry(spec, source)
+    return spec
+
+
+def _aliases(family: Family, key: str) -> tuple[str, ...]:
+    """Other config.json names for ``key``: the config class's ``attribute_map`` and :data:`_LEGACY_KEYS`."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    mapping = {**getattr(CONFIG_MAPPING[family.value], "attribute_map", {}), **_LEGACY_KEYS.get(family.value, {})}
+    return tuple(alias for alias, target in mapping.items() if target == key)
 
 
 def model_from_config(config: dict[str, Any], name: str) -> ModelSpec:
@@ -131,8 +395,9 @@ def model_from_config(config: dict[str, Any], name: str) -> ModelSpec:
 def load_model(name_or_path: str) -> ModelSpec:
     """Load a shipped model spec by name (``llama-13b``) or a local ``config.json`` path."""
     key = str(name_or_path).strip()
+    looks_like_path = "/" in key or "\\" in key or key.lower().endswith(".json")
     shipped = MODEL_SPECS_DIR / f"{key.lower()}.json"
-    if shipped.is_file():
+    if not looks_like_path and shipped.is_file():
         return _model_from_dict(key.lower(), json.loads(shipped.read_text()), str(shipped))
     path = Path(key).expanduser()
     if path.is_dir():
@@ -140,7 +405,14 @@ def load_model(name_or_path: str) -> ModelSpec:
     if path.suffix == ".json" and path.is_file():
         try:
             raw = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise InvalidValueError(f"model config {str(path)!r} is not valid JSON: {err}") from err
         return _model_from_dict(str(path), raw, str(path))
+    if looks_like_path:  # meant as a path, not a shipped name
+        folder = Path(key).expanduser()
+        what = ("no config.json in the folder" if folder.is_dir() else "not a .json file" if folder.is_file()
+                else "file not found")
+        raise InvalidValueError(f"{what}: {key} (accepted: a shipped model name -- {', '.join(known_models()[:3])}, "
+                                "... -- or the path to an existing config.json or its folder; Hub ids are not "
+                                "downloaded: save the model's config.json and pass its path)")
     raise UnknownNameError("model", name_or_path, known_models(), "or give a path to a config.json")
