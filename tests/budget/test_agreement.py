@@ -1,5 +1,7 @@
 """The committed analytic-vs-traced matrix: within 2 % on peaks and components, current, and reproducible."""
 
+from dataclasses import asdict
+
 import pytest
 
 from oomlab.budget import agreement
@@ -75,8 +77,19 @@ def test_committed_doc_is_rendered_from_the_committed_rows(committed) -> None:
     """docs/budget-agreement.md is what render_markdown writes from agreement.json (neither edited by hand)."""
     untraced = [agreement.AnalyticOnlyRow(r["setup"], r["analytic_peak_bytes"], r["analytic_phase"],
                                           agreement.NotTraced[r["reason"]]) for r in committed["analytic_only"]]
-    expected = agreement.render_markdown(_rows_from_json(committed), untraced, committed["versions"])
+    measured = [agreement.MeasuredRow(m["setup"], m["measured_peak_bytes"], m["analytic_peak_bytes"],
+                                      m["measured_phase"], m["analytic_phase"]) for m in committed["measured"]]
+    expected = agreement.render_markdown(_rows_from_json(committed), untraced, committed["versions"], measured)
     assert agreement.AGREEMENT_DOC.read_text() == expected
+
+
+def test_measured_deepspeed_rows_agree_and_are_current(committed) -> None:
+    """The ZeRO rows measured at small scale: every one agrees, and they are today's (the small-scale data and the
+    analytic model as they stand)."""
+    assert len(committed["measured"]) >= 15
+    assert all(abs(m["ratio"] - 1) <= agreement.TOLERANCE for m in committed["measured"])
+    fresh = [asdict(m) for m in agreement.measured_rows()]
+    assert fresh == [{k: v for k, v in m.items() if k != "ratio"} for m in committed["measured"]]
 
 
 @pytest.mark.parametrize("key", [

@@ -4,6 +4,11 @@
 seconds each, cached), computes the analytic budget, and writes ``lib/oomlab/data/agreement.json`` and
 ``docs/budget-agreement.md``.  Tests check that every ratio is within :data:`TOLERANCE`, that the committed
 analytic figures are the current model's, and re-trace a few setups to check the committed traced figures.
+
+Three kinds of rows: traced (:data:`MATRIX`), measured -- DeepSpeed's engine cannot run under the tracer's fake
+tensors, so its ZeRO-1/2/3 rows are tiny setups trained for real on CPU gloo processes (:mod:`.deepspeed_measured`,
+``docs/deepspeed-small-scale.md``), their peaks set beside today's analytic ones -- and analytic-only full-size setups
+(:data:`ANALYTIC_ONLY`) with the reason and what checks them instead.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from oomlab.budget import deepspeed_measured
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.result import ALLOCATED, MemCategory
 from oomlab.budget.step import library_versions
@@ -93,7 +99,11 @@ class NotTraced(enum.Enum):
         "bitsandbytes' 4-bit weights and 8-bit optimizer kernels have no FakeTensorMode implementation; checked "
         "instead by real CPU runs of tiny models through the same bitsandbytes code (tests/budget/test_measured.py)"
     )
-    DEEPSPEED = "DeepSpeed's engine needs real tensors and processes; it does not run under FakeTensorMode"
+    DEEPSPEED = (
+        "DeepSpeed's engine needs real tensors and processes; it does not run under FakeTensorMode; checked instead by "
+        "ZeRO-1/2/3 (and offload) runs of tiny models on CPU gloo processes: the measured rows above, "
+        "docs/deepspeed-small-scale.md"
+    )
     HOST_IS_DEVICE = (
         "FSDP1's CPUOffload moves the shards between host and device; on a CPU-only machine both are the same "
         "memory, so the trace cannot tell the device's bytes from the host's (FSDP2's CPUOffloadPolicy traces: "
@@ -107,11 +117,49 @@ ANALYTIC_ONLY: tuple[tuple[tuple, NotTraced], ...] = (
     (("llama-13b", "ddp", 4, "qlora", "bf16-mixed", "adamw", 2048, 1, True, "sdpa"), NotTraced.BITSANDBYTES),
     (("llama-7b", "single", 1, "full", "bf16-mixed", "adamw-8bit", 512, 1, False, "sdpa"), NotTraced.BITSANDBYTES),
     (("llama-13b", "single", 1, "lora", "fp16-mixed", "adamw-8bit", 2048, 1, True, "sdpa"), NotTraced.BITSANDBYTES),
-    (("llama-13b", "zero1", 4, "full", "fp16-mixed", "adamw", 2048, 1, False, "sdpa"), NotTraced.DEEPSPEED),
-    (("llama-13b", "zero2", 4, "full", "fp16-mixed", "adamw", 2048, 1, False, "sdpa"), NotTraced.DEEPSPEED),
+    *((("llama-13b", strategy, 4, "full", "fp16-mixed", "adamw", 2048, 1, checkpointing, "sdpa"), NotTraced.DEEPSPEED)
+      for strategy in ("zero1", "zero2", "zero3", "zero2-offload", "zero3-offload") for checkpointing in (False, True)),
+    (("llama-13b", "zero3", 4, "lora", "fp16-mixed", "adamw", 2048, 1, True, "sdpa"), NotTraced.DEEPSPEED),
     (("llama-13b", "fsdp-offload", 4, "full", "fp16-mixed", "adamw", 2048, 1, False, "sdpa"), NotTraced.HOST_IS_DEVICE),
     (("llama-13b", "fsdp-offload", 4, "full", "fp16-mixed", "adamw", 2048, 1, True, "sdpa"), NotTraced.HOST_IS_DEVICE),
 )
+
+
+@dataclass(frozen=True)
+class MeasuredRow:
+    """A setup run for real at small scale (DeepSpeed on CPU gloo): its measured and analytic allocated peaks."""
+
+    setup: str
+    measured_peak_bytes: int
+    analytic_peak_bytes: int
+    measured_phase: str
+    analytic_phase: str
+
+    @property
+    def ratio(self) -> float:
+        return self.analytic_peak_bytes / self.measured_peak_bytes
+
+    @property
+    def agrees(self) -> bool:
+        return abs(self.ratio - 1) <= TOLERANCE
+
+
+def measured_rows(data: Mapping[str, Any] | None = None) -> list[MeasuredRow]:
+    """The DeepSpeed cases of ``docs/deepspeed-small-scale.md``: the largest rank's measured step peak (the most of
+    its phases) beside today's analytic one."""
+    data = deepspeed_measured.load_committed() if data is None else data
+    out = []
+    for case, ranks in zip(data["cases"], data["measured"], strict=True):
+        if any(r["status"] != "ok" for r in ranks):
+            continue
+        phases = deepspeed_measured.analytic_phases(case)
+        measured = {p: max(r["peaks"][p] for r in ranks) for p in deepspeed_measured.PHASES}
+        analytic = {p: phases[p] for p in deepspeed_measured.PHASES}
+        m_phase, a_phase = max(measured, key=measured.get), max(analytic, key=analytic.get)
+        gpus = case["knobs"]["gpus"]
+        out.append(MeasuredRow(f"tiny LLaMA, {case['label']} ({gpus} gloo process{'es' if gpus > 1 else ''})",
+                               measured[m_phase], analytic[a_phase], m_phase, a_phase))
+    return out
 
 
 def matrix_setup(row: tuple) -> TrainingSetup:
@@ -205,7 +253,8 @@ def _components_cell(components: Mapping[str, int]) -> str:
     return "<br>".join(f"{name} {format_size(value)}" for name, value in components.items())
 
 
-def render_markdown(rows: list[AgreementRow], untraced: list[AnalyticOnlyRow], versions: dict[str, str]) -> str:
+def render_markdown(rows: list[AgreementRow], untraced: list[AnalyticOnlyRow], versions: dict[str, str],
+                    measured: list[MeasuredRow] | None = None) -> str:
     worst = max(rows, key=lambda r: abs(r.ratio - 1))
     worst_part = max(rows, key=lambda r: abs(r.worst_component[1]))
     strategies = sorted({r.setup.split(", ")[1].split("x")[0] for r in rows})
@@ -243,6 +292,16 @@ def render_markdown(rows: list[AgreementRow], untraced: list[AnalyticOnlyRow], v
         lines.append(f"| {r.setup} | {format_size(r.analytic_peak_bytes)} | {format_size(r.traced_peak_bytes)} | "
                      f"{r.ratio:.4f} | {r.analytic_phase} / {r.traced_phase} | {name} {delta:+.2%} | "
                      f"{_components_cell(r.analytic_components)} | {_components_cell(r.traced_components)} |")
+    measured = measured or []
+    lines += ["", f"## {len(measured)} setups measured at small scale (DeepSpeed ZeRO on CPU gloo)", "",
+              "DeepSpeed's engine cannot run under the tracer's fake tensors; these tiny setups trained for real "
+              "through `deepspeed.initialize` (`docs/deepspeed-small-scale.md`, every tensor and phase there): the "
+              "largest rank's allocated peak of the second step, measured by the CPU allocator, beside today's "
+              "analytic peak (offloaded states added: one allocator on a CPU).", "",
+              "| setup | analytic | measured | ratio | phase (analytic / measured) |", "|---|---:|---:|---:|---|"]
+    for m in measured:
+        lines.append(f"| {m.setup} | {format_size(m.analytic_peak_bytes)} | {format_size(m.measured_peak_bytes)} | "
+                     f"{m.ratio:.4f} | {m.analytic_phase} / {m.measured_phase} |")
     lines += ["", f"## {len(untraced)} setups budgeted analytically only", "",
               "| setup | analytic | phase | why not traced |", "|---|---:|---|---|"]
     for u in untraced:
@@ -258,20 +317,22 @@ def worst_row(committed: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     rows = run_matrix()
     untraced = [analytic_only(row, reason) for row, reason in ANALYTIC_ONLY]
+    measured = measured_rows()
     versions = library_versions()
     data = {
         "tolerance": TOLERANCE, "versions": versions, "gpu": GPU,
         "rows": [{**asdict(r), "ratio": r.ratio, "worst_component": list(r.worst_component), "key": list(m)}
                  for r, m in zip(rows, MATRIX, strict=True)],
+        "measured": [{**asdict(m), "ratio": m.ratio} for m in measured],
         "analytic_only": [{**asdict(u), "reason": u.reason.name, "key": list(m)}
                           for u, (m, _) in zip(untraced, ANALYTIC_ONLY, strict=True)],
     }
     write_text_atomic(AGREEMENT_JSON, json.dumps(data, indent=2) + "\n")
     Path(AGREEMENT_DOC).parent.mkdir(parents=True, exist_ok=True)
-    markdown = render_markdown(rows, untraced, versions)
+    markdown = render_markdown(rows, untraced, versions, measured)
     write_text_atomic(AGREEMENT_DOC, markdown)
     print(markdown)
-    return 0 if all(r.agrees for r in rows) else 1
+    return 0 if all(r.agrees for r in rows) and all(m.agrees for m in measured) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

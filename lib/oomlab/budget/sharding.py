@@ -37,6 +37,11 @@ SHARES: dict[Strategy, dict[MemCategory, Share]] = {
     Strategy.FSDP_OFFLOAD: {_W: Share.HOST, _G: Share.HOST, _M: Share.HOST, _O: Share.HOST},
     Strategy.FSDP2: {_W: Share.SHARDED, _G: Share.SHARDED, _M: Share.SHARDED, _O: Share.SHARDED},
     Strategy.FSDP2_OFFLOAD: {_W: Share.HOST, _G: Share.HOST, _M: Share.HOST, _O: Share.HOST},
+    Strategy.ZERO3: {_W: Share.SHARDED, _G: Share.SHARDED, _M: Share.SHARDED, _O: Share.SHARDED},
+    # offload_optimizer: the fp32 master, fp32 gradient partition and optimizer state on the host; the half replica
+    # (ZeRO-2) or, with offload_param, the half partitions too (ZeRO-3) -- see oomlab.budget.deepspeed
+    Strategy.ZERO2_OFFLOAD: {_W: Share.WHOLE, _G: Share.HOST, _M: Share.HOST, _O: Share.HOST},
+    Strategy.ZERO3_OFFLOAD: {_W: Share.HOST, _G: Share.HOST, _M: Share.HOST, _O: Share.HOST},
 }
 
 

@@ -23,6 +23,7 @@ import enum
 import hashlib
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ from oomlab.budget.step import (
     make_optimizer,
     real_data_decisions,
     run_step,
+    to_empty_tied,
     trainable_tensors,
 )
 from oomlab.budget.tracker import OFFLOADED_CATEGORIES, TraceResult, budget_category, make_tracker, tracker_result
@@ -51,7 +53,7 @@ from oomlab.core.setup import TrainingSetup
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TRACE_VERSION = 4  # bump when what a trace records changes; part of the cache key
+TRACE_VERSION = 5  # bump when what a trace records changes; part of the cache key
 
 
 
@@ -94,7 +96,7 @@ def _trace_single(setup: TrainingSetup) -> TraceResult:
     with quiet_libraries(), real_data_decisions():
         model = build_model(setup, "meta")
         with FakeTensorMode(allow_non_fake_inputs=True):
-            model.to_empty(device="cpu")
+            to_empty_tied(model)
             input_ids = _input_ids(setup)
             tracker = make_tracker(model)
             tracker.logits_shape = _logits_shape(setup)
@@ -247,7 +249,49 @@ def cache_key(setup: TrainingSetup) -> str:
             value = value.value
         fields[f.name] = value
     payload = {"setup": fields, "versions": library_versions(), "trace_version": TRACE_VERSION}
+    if os.environ.get(SOURCE_KEY_FLAG) == "1":  # not yet the default: it changes every key (a full re-trace)
+        payload["sources"] = source_fingerprint()
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# The modules whose code runs while a step is traced (what a cached TraceResult records); the oomlab.budget modules
+# they import are followed too.  Not fsdp.py or workspace.py: traced_budget reads workspace after the trace, and both
+# are analytic formulas, so an edit there must not throw away every cached trace.
+TRACE_SOURCE_ROOTS = ("traced", "tracker", "step", "launchers")
+SOURCE_KEY_FLAG = "OOMLAB_TRACE_KEY_SOURCES"  # "1": the cache key includes source_fingerprint()
+_BUDGET_IMPORT = re.compile(r"^\s*from\s+oomlab\.budget(?:\.(\w+))?\s+import\s+\(?([\w\s,]+)\)?", re.MULTILINE)
+
+
+def trace_sources() -> tuple[str, ...]:
+    """The ``oomlab.budget`` modules a trace depends on: :data:`TRACE_SOURCE_ROOTS` and, transitively, what they
+    import from ``oomlab.budget`` -- except what :mod:`traced` imports only to turn a finished trace into a budget
+    (the analytic estimate, the workspace terms), which decides nothing a trace records.  Sorted module names."""
+    folder = Path(__file__).parent
+    seen: set[str] = set()
+    todo = list(TRACE_SOURCE_ROOTS)
+    while todo:
+        name = todo.pop()
+        if name in seen or not (folder / f"{name}.py").is_file():
+            continue
+        seen.add(name)
+        if name == "traced":
+            continue  # hashed itself; its other imports (analytic) only read a finished trace
+        for module, names in _BUDGET_IMPORT.findall((folder / f"{name}.py").read_text()):
+            if module:
+                todo.append(module)
+            else:  # from oomlab.budget import activations as act, workspace
+                todo += [part.split()[0] for part in names.split(",") if part.strip()]
+    return tuple(sorted(seen))
+
+
+def source_fingerprint() -> str:
+    """sha256 over the source of every module in :func:`trace_sources` (names and bytes): a change to the code that
+    decides a trace changes it, so cached traces need no hand-bumped version."""
+    folder = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in trace_sources():
+        digest.update(name.encode() + b"\0" + (folder / f"{name}.py").read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def cache_path(setup: TrainingSetup) -> Path:

@@ -8,7 +8,15 @@ from typing import Any
 from oomlab.core.errors import UnknownNameError
 
 
-class Strategy(enum.Enum):
+class Choice(enum.Enum):
+    """An enum hashed by identity: members are singletons compared by identity, so ``object.__hash__`` agrees with
+    ``==``, and it is a C slot where ``Enum.__hash__`` is a Python call (the budget hashes choices tens of times per
+    estimate, as dict and cache keys).  Hashes are per process; nothing persists them (cache keys hash values)."""
+
+    __hash__ = object.__hash__
+
+
+class Strategy(Choice):
     """How the model states are spread over the GPUs -- each member is the launch a user runs.
 
     - ``single``: one process on one GPU (``python train.py`` / Trainer / ``accelerate launch`` without a
@@ -25,7 +33,19 @@ class Strategy(enum.Enum):
       ``[final norm, lm_head]`` group kept unsharded after forward, and the root, with ``MixedPrecisionPolicy(param,
       reduce, output = half)``; trainable parameters upcast to fp32; no autocast.
     - ``fsdp2-offload``: ``fsdp2`` with ``CPUOffloadPolicy``.
-    - ``zero1`` / ``zero2``: DeepSpeed ZeRO stage 1 / 2.
+    - ``zero1`` / ``zero2`` / ``zero3``: DeepSpeed ZeRO stage 1 / 2 / 3 as ``deepspeed.initialize`` runs them (the
+      ``deepspeed`` launcher, or accelerate / the HF Trainer with a DeepSpeed JSON): every parameter cast to the half
+      dtype, no autocast, an fp32 master partition; stage 1 partitions the optimizer state, 2 the gradients too, 3 the
+      parameters too (built under ``zero.Init``: no full replica is ever moved to a GPU).  ``adamw`` is the JSON's
+      ``"optimizer": {"type": "AdamW"}`` (DeepSpeed's FusedAdam, DeepSpeedCPUAdam when offloaded: in place).
+    - ``zero2-offload``: ``zero2`` with ``offload_optimizer: {device: cpu}`` (fp32 master, gradients and the
+      optimizer step on the host; the half replica stays on the GPU).
+    - ``zero3-offload``: ``zero3`` with ``offload_optimizer`` and ``offload_param`` on the cpu.
+
+    DeepSpeed's other knobs (bucket sizes, ``overlap_comm``, the stage-3 thresholds, ``sub_group_size``, optimizer
+    offload without parameter offload) are not strategies: they are
+    :class:`oomlab.budget.deepspeed_config.DeepSpeedSettings`, whose defaults are what the HF integration fills in for
+    ``"auto"``; offload to NVMe is not modelled.
     """
 
     SINGLE = "single"  # the whole model on one GPU (what the seed did)
@@ -36,6 +56,9 @@ class Strategy(enum.Enum):
     FSDP_OFFLOAD = "fsdp-offload"  # FSDP1 with parameters, gradients and optimizer state on the host
     FSDP2 = "fsdp2"  # accelerate's fsdp_version 2 (fully_shard with a MixedPrecisionPolicy)
     FSDP2_OFFLOAD = "fsdp2-offload"  # FSDP2 with CPUOffloadPolicy
+    ZERO3 = "zero3"  # DeepSpeed ZeRO stage 3: parameters, gradients and optimizer state partitioned
+    ZERO2_OFFLOAD = "zero2-offload"  # ZeRO-2 with the optimizer (fp32 master, gradients, step) on the host
+    ZERO3_OFFLOAD = "zero3-offload"  # ZeRO-3 with the optimizer and the parameter partitions on the host
 
     @property
     def fsdp(self) -> bool:
@@ -43,16 +66,33 @@ class Strategy(enum.Enum):
         return self in FSDP_STRATEGIES
 
     @property
+    def deepspeed(self) -> bool:
+        """Is it a DeepSpeed ZeRO launch?"""
+        return self in ZERO_STAGES
+
+    @property
+    def zero_stage(self) -> int | None:
+        """DeepSpeed's ``zero_optimization.stage`` (None when not DeepSpeed)."""
+        return ZERO_STAGES.get(self)
+
+    @property
     def offloads(self) -> bool:
         """Are parameters, gradients and the optimizer step on the host?"""
-        return self in (Strategy.FSDP_OFFLOAD, Strategy.FSDP2_OFFLOAD)
+        return self in (Strategy.FSDP_OFFLOAD, Strategy.FSDP2_OFFLOAD, Strategy.ZERO3_OFFLOAD)
+
+    @property
+    def offloads_optimizer(self) -> bool:
+        """Is the optimizer step (and its state) on the host?"""
+        return self.offloads or self is Strategy.ZERO2_OFFLOAD
 
 
 FSDP_STRATEGIES = frozenset({Strategy.FSDP, Strategy.FSDP_OFFLOAD, Strategy.FSDP2, Strategy.FSDP2_OFFLOAD})
 FSDP1_STRATEGIES = frozenset({Strategy.FSDP, Strategy.FSDP_OFFLOAD})
+ZERO_STAGES = {Strategy.ZERO1: 1, Strategy.ZERO2: 2, Strategy.ZERO3: 3, Strategy.ZERO2_OFFLOAD: 2,
+               Strategy.ZERO3_OFFLOAD: 3}
 
 
-class Method(enum.Enum):
+class Method(Choice):
     """Which parameters are trained."""
 
     FULL = "full"  # every parameter
@@ -60,7 +100,7 @@ class Method(enum.Enum):
     QLORA = "qlora"  # LoRA over a 4-bit NF4 base (bitsandbytes), double quantization
 
 
-class Precision(enum.Enum):
+class Precision(Choice):
     """Weight storage and compute dtypes."""
 
     FP32 = "fp32"  # everything float32
@@ -78,7 +118,7 @@ class Precision(enum.Enum):
         return self in (Precision.BF16_MIXED, Precision.BF16)
 
 
-class Optimizer(enum.Enum):
+class Optimizer(Choice):
     """The optimizer and its state (the HF Trainer's default on torch >= 2.8 is ``adamw-fused``)."""
 
     ADAMW = "adamw"  # torch.optim.AdamW as constructed by hand: foreach on CUDA (one state-sized sqrt temporary)
@@ -92,21 +132,21 @@ class Optimizer(enum.Enum):
         return self in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
 
 
-class Attention(enum.Enum):
+class Attention(Choice):
     """transformers' attention implementation."""
 
     EAGER = "eager"  # softmax(QK^T)V in PyTorch ops: saves the a x s x s probabilities
     SDPA = "sdpa"  # torch.nn.functional.scaled_dot_product_attention
 
 
-class Route(enum.Enum):
+class Route(Choice):
     """How one training run lays the model out over the GPUs of a node."""
 
     PROCESS_PER_GPU = "process-per-gpu"  # a process per GPU (torchrun / accelerate launch); the strategy decides
     DEVICE_MAP = "device-map"  # one process; accelerate's device_map="auto" puts whole layers on successive GPUs
 
 
-class Device(enum.Enum):
+class Device(Choice):
     """Where the reproduction runs ``model.to("cuda")``."""
 
     AUTO = "auto"  # cuda when available, else simulated
@@ -114,7 +154,7 @@ class Device(enum.Enum):
     CUDA = "cuda"  # a real CUDA device, capped to the chosen GPU's capacity
 
 
-class MessageFormat(enum.Enum):
+class MessageFormat(Choice):
     """The two wordings of PyTorch's CUDA out-of-memory message."""
 
     OLD = "torch<=2.0"  # "(GPU 0; X total capacity; Y already allocated; Z free; W reserved in total by PyTorch)"

@@ -1,9 +1,10 @@
 """Run the emitted ``train.py`` on CPU the way ``accelerate launch`` would: gloo processes with accelerate's own
-environment for the config, and accelerate's own code path for it -- FSDP1, FSDP2 or DDP through the script's
-``accelerator.prepare(model, optimizer)`` -- made to run on CPU by a few named patches (the small-scale test that
-the launch files run).
+environment for the config, and accelerate's own code path for it -- FSDP1, FSDP2, DDP or DeepSpeed ZeRO (on
+DeepSpeed's CPU accelerator, ``DS_ACCELERATOR=cpu``) through the script's ``accelerator.prepare(model, optimizer)`` --
+made to run on CPU by a few named patches (the small-scale test that the launch files run).
 
-accelerate takes its FSDP path, fp16 autocast and FSDP1's ``sync_module_states`` only on an accelerator. Each rank
+accelerate takes its FSDP path, fp16 autocast, FSDP1's ``sync_module_states`` and a multi-process DeepSpeed state
+only on an accelerator. Each rank
 is started as ``python -c`` :func:`run_rank`, which wraps ``accelerate.Accelerator.__init__`` so that every
 Accelerator the script builds gets :func:`apply_cpu_patches` right after construction, then runs the script as
 ``__main__``. Nothing here is needed on a GPU machine: the patches are a test harness, not part of the launch files.
@@ -17,7 +18,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,15 @@ FP16_NATIVE_AMP = CpuPatch(
     "accelerate/accelerator.py:564-569 turns on fp16 autocast and the GradScaler only when device.type != 'cpu' "
     "(a CPU fp16 run silently trains in fp32): native_amp = True and the scaler accelerate picks at 578-584 for "
     "this distributed type, on 'cpu'")
+DEEPSPEED_GLOO_BACKEND = CpuPatch(
+    "deepspeed-gloo-backend",
+    "accelerate/state.py:755-817 (PartialState._prepare_backend) picks a backend only for an accelerator or the cpu "
+    "flag, and the cpu flag skips DeepSpeed (state.py:200, 974); without either it returns None and state.py:286-290 "
+    "sets num_processes = 1 although deepspeed.init_distributed (state.py:204-217) joined every rank: the backend is "
+    "gloo and the type MULTI_CPU, as the cpu flag would give, and DeepSpeed's branch still runs (DS_ACCELERATOR=cpu)")
 CPU_PATCHES = {p.name: p for p in (  # in the order apply_cpu_patches applies them
-    FSDP_DISTRIBUTED_TYPE, CPU_DEVICE_WITHOUT_INDEX, FSDP1_SYNC_MODULE_STATES, FSDP1_OFFLOAD_UNPINNED,
-    CPU_STREAM_SYNCHRONIZE, FSDP2_OFFLOAD_UNPINNED, FP16_NATIVE_AMP)}
+    DEEPSPEED_GLOO_BACKEND, FSDP_DISTRIBUTED_TYPE, CPU_DEVICE_WITHOUT_INDEX, FSDP1_SYNC_MODULE_STATES,
+    FSDP1_OFFLOAD_UNPINNED, CPU_STREAM_SYNCHRONIZE, FSDP2_OFFLOAD_UNPINNED, FP16_NATIVE_AMP)}
 
 # FSDP1 flags whose plugin field needs an accelerator device when true (FSDP_CPU_RAM_EFFICIENT_LOADING forces
 # sync_module_states, accelerate/utils/dataclasses.py:1983-1988)
@@ -80,7 +87,11 @@ PATCH_LOG_ENV = "OOMLAB_CPU_PATCH_LOG"  # where run_rank writes the names of the
 
 
 def _env_true(name: str) -> bool:
-    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+    return _env_true_in(os.environ, name)
+
+
+def _env_true_in(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "false").lower() in ("1", "true", "yes")
 
 
 def _fsdp1_syncs() -> bool:
@@ -190,18 +201,42 @@ def _cpu_grad_scaler(accelerator: Any) -> Any:
     return ShardedGradScaler(device="cpu")  # get_grad_scaler(DistributedType.FSDP)
 
 
+def _deepspeed_on_cpu() -> bool:
+    """A DeepSpeed launch (ACCELERATE_USE_DEEPSPEED) on a machine without an accelerator?"""
+    import torch
+
+    return _env_true("ACCELERATE_USE_DEEPSPEED") and not torch.cuda.is_available()
+
+
+def patch_deepspeed_backend() -> tuple[str, ...]:
+    """:data:`DEEPSPEED_GLOO_BACKEND`, before the first ``PartialState`` is built (none on an accelerator)."""
+    if not _deepspeed_on_cpu():
+        return ()
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    def _prepare_backend(self: Any, cpu: bool = False, sagemaker_dp: bool = False,
+                         backend: str | None = None) -> tuple[str, Any]:
+        return "gloo", DistributedType.MULTI_CPU
+
+    PartialState._prepare_backend = _prepare_backend
+    return (DEEPSPEED_GLOO_BACKEND.name,)
+
+
 def install_cpu_patches(record: Callable[[tuple[str, ...]], None]) -> None:
     """Wrap ``accelerate.Accelerator.__init__``: construct (with FSDP1's sync flags hidden from the plugin it builds,
-    which it drops on CPU anyway), then :func:`apply_cpu_patches`, and pass the names applied to ``record``."""
+    which it drops on CPU anyway; DeepSpeed's backend patched first), then :func:`apply_cpu_patches`, and pass the
+    names applied to ``record``."""
     from accelerate import Accelerator
 
     original = Accelerator.__init__
 
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        before = patch_deepspeed_backend()
         with _hidden_env(SYNC_FLAGS if _fsdp1_syncs() else ()):
             original(self, *args, **kwargs)
-        record(apply_cpu_patches(self))
+        record(before + apply_cpu_patches(self))
 
     Accelerator.__init__ = __init__
 
@@ -226,15 +261,26 @@ def run_rank() -> None:
 RANK_COMMAND = "from oomlab.remedies.cpu_launch import run_rank; run_rank()"
 
 
-def launch_env(config_file: str | os.PathLike[str], num_processes: int) -> dict[str, str]:
-    """The environment ``accelerate launch --config_file CONFIG`` gives each process (accelerate's own code)."""
+def launch_env(config_file: str | os.PathLike[str], num_processes: int,
+               mixed_precision: str | None = None) -> dict[str, str]:
+    """The environment ``accelerate launch --config_file CONFIG [--mixed_precision MP]`` gives each process
+    (accelerate's own code)."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils.launch import prepare_multi_gpu_env
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
+    flags = ["--mixed_precision", mixed_precision] if mixed_precision else []
     args = launch_command_parser().parse_args(
-        ["--config_file", str(config_file), "--num_processes", str(num_processes), TRAIN_SCRIPT])
-    args, _, _ = _validate_launch_command(args)
-    return {k: v for k, v in prepare_multi_gpu_env(args).items() if k.startswith(("ACCELERATE_", "FSDP_"))}
+        ["--config_file", str(config_file), "--num_processes", str(num_processes), "--main_process_port", "0",
+         *flags, TRAIN_SCRIPT])
+    args, defaults, mp_from_config_flag = _validate_launch_command(args)
+    if args.use_deepspeed:  # as accelerate/commands/launch.py launch_command, then deepspeed_launcher's environment
+        fields = list(defaults.deepspeed_config) if defaults else []
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields + (["mixed_precision"] if mp_from_config_flag
+                                                                         else []))
+        _, env = prepare_deepspeed_cmd_env(args)
+    else:
+        env = prepare_multi_gpu_env(args)
+    return {k: v for k, v in env.items() if k.startswith(("ACCELERATE_", "FSDP_"))}
 
 
 def _free_port() -> int:
@@ -259,7 +305,8 @@ CPU_ATTEMPTS = 3
 
 
 def run_on_cpu(config_dir: str | os.PathLike[str], config: str, script_args: list[str], num_processes: int = 2,
-               timeout: float = 240.0, attempts: int = CPU_ATTEMPTS) -> list[RankRun]:
+               timeout: float = 240.0, attempts: int = CPU_ATTEMPTS, mixed_precision: str | None = None
+               ) -> list[RankRun]:
     """Run ``train.py`` under ``config`` on CPU: ``num_processes`` gloo processes started as accelerate would.
 
     The environment is accelerate's for that config (:func:`launch_env`) plus the torchrun-style rank variables and
@@ -279,17 +326,17 @@ def run_on_cpu(config_dir: str | os.PathLike[str], config: str, script_args: lis
     for _ in range(attempts):
         if log is not None:
             log.unlink(missing_ok=True)
-        results = _run_once(Path(config_dir), config, script_args, num_processes, timeout)
+        results = _run_once(Path(config_dir), config, script_args, num_processes, timeout, mixed_precision)
         if not any(r.exit_code < 0 for r in results):
             break
     return results
 
 
 def _run_once(folder: Path, config: str, script_args: list[str], num_processes: int,
-              timeout: float) -> list[RankRun]:
+              timeout: float, mixed_precision: str | None = None) -> list[RankRun]:
     import subprocess
 
-    env = launch_env(folder / config, num_processes)
+    env = launch_env(folder / config, num_processes, mixed_precision)
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="oomlab-cpu-ranks-") as scratch:
         patch_logs = [Path(scratch) / f"patches.rank{rank}.json" for rank in range(num_processes)]
@@ -297,9 +344,13 @@ def _run_once(folder: Path, config: str, script_args: list[str], num_processes: 
         for rank in range(num_processes):
             proc_env = {**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(rank),
                         "WORLD_SIZE": str(num_processes), "LOCAL_WORLD_SIZE": str(num_processes),
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "ACCELERATE_USE_CPU": "true",
-                        "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::FutureWarning",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "HF_HUB_OFFLINE": "1",
+                        "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::FutureWarning",
                         PATCH_LOG_ENV: str(patch_logs[rank])}
+            # DeepSpeed on its CPU accelerator (the cpu flag would make accelerate skip DeepSpeed); else accelerate's
+            # CPU path
+            proc_env.update({"DS_ACCELERATOR": "cpu"} if _env_true_in(env, "ACCELERATE_USE_DEEPSPEED")
+                            else {"ACCELERATE_USE_CPU": "true"})
             procs.append(subprocess.Popen(
                 [sys.executable, "-c", RANK_COMMAND, str(folder / TRAIN_SCRIPT), *script_args], env=proc_env,
                 cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

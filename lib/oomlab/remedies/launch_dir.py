@@ -1,5 +1,6 @@
-"""The launch folder of a plan: every launch file written (atomically), and LAUNCH.md with the exact command of
-each top remedy."""
+"""The launch folder of a plan: every launch file written (atomically) -- the accelerate configs, each top DeepSpeed
+remedy's JSON and accelerate config, ``train.py`` with the plan's model as its default -- and LAUNCH.md with the exact
+command of each top remedy."""
 
 from __future__ import annotations
 
@@ -7,34 +8,33 @@ import json
 import os
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
-from oomlab.core.choices import Method, Precision, Route, Strategy
+from oomlab.core.choices import Method, Route, Strategy
 from oomlab.core.files import write_text_atomic
 from oomlab.core.models import load_model
 from oomlab.core.paths import TEMPLATES_DIR
+from oomlab.core.setup import TrainingSetup
+from oomlab.remedies import deepspeed_configs
+from oomlab.remedies.deepspeed_configs import ACCELERATE_MIXED_PRECISION, train_args
 from oomlab.remedies.launch_files import (
     ACCELERATE_CONFIG,
     CONFIGS_DIR,
-    DECODER_LAYER,
-    DS_ACCELERATE,
-    DS_JSON,
     LAUNCH_DOC,
     TRAIN_SCRIPT,
     LaunchSettings,
     accelerate_config,
-    accelerate_deepspeed_config,
-    deepspeed_zero3_offload,
+    decoder_layer_class,
+    launch_batch,
     launch_doc,
 )
 from oomlab.remedies.plan import Plan
-from oomlab.remedies.remedy import Remedy
+from oomlab.remedies.remedy import Remedy, launcher
 
-LAUNCHABLE = (*ACCELERATE_CONFIG, Strategy.SINGLE)  # strategies with a command: every accelerate config, and one GPU
-
-# accelerate's --mixed_precision for each precision train.py runs: it keeps fp32 trainable weights (full fine-tuning
-# loads fp32, LoRA adapters are fp32 over a half base), so the pure-half precisions have no command.
-MIXED_PRECISION_FLAG = {Precision.FP32: "no", Precision.FP16_MIXED: "fp16", Precision.BF16_MIXED: "bf16"}
+# strategies with a command: every accelerate config, one GPU, and DeepSpeed's ZeRO stages
+LAUNCHABLE = (*ACCELERATE_CONFIG, Strategy.SINGLE, *(s for s in Strategy if s.deepspeed))
+DEFAULT_MODEL_LINE = 'DEFAULT_MODEL = "huggyllama/llama-13b"'  # the template's; write_configs puts the plan's model
 
 
 def hub_id(source: str) -> str | None:
@@ -43,25 +43,37 @@ def hub_id(source: str) -> str | None:
     return match.group(1) if match else None
 
 
+def launch_setup(remedy: Remedy, seq: int | None = None) -> TrainingSetup | None:
+    """The setup a remedy's command launches: its own, at the launched micro-batch (and ``seq`` when given)."""
+    if remedy.setup is None:
+        return None
+    changes = {"batch": launch_batch(remedy.max_batch)} | ({"seq": seq} if seq is not None else {})
+    return replace(remedy.setup, **changes)
+
+
 def launch_command(remedy: Remedy, model_id: str, seq: int, lora_rank: int = 8,
                    num_processes: int = 4) -> str | None:
     """The exact command that launches ``remedy`` from inside the configs folder.
 
-    None where no launch file runs it: the device-map route, ZeRO-1/2, and pure fp16/bf16 (``train.py`` trains with
-    fp32 trainable weights only).
+    None where no launch file runs it: the device-map route, and pure fp16/bf16 (``train.py`` trains with fp32
+    trainable weights only).  A DeepSpeed remedy launches its own accelerate config (:mod:`.deepspeed_configs`).
     """
     if remedy.route is not Route.PROCESS_PER_GPU or remedy.strategy not in LAUNCHABLE:
         return None
-    mixed_precision = MIXED_PRECISION_FLAG.get(remedy.precision)
+    mixed_precision = ACCELERATE_MIXED_PRECISION.get(remedy.precision)
     if mixed_precision is None:
         return None
+    setup = launch_setup(remedy, seq)
+    if remedy.strategy.deepspeed:
+        return None if setup is None else deepspeed_configs.launch_command(setup, model_id)
     config = ACCELERATE_CONFIG.get(remedy.strategy)
-    args = ["--model", model_id, "--method", remedy.method.value, "--seq", str(seq), "--batch",
-            str(min(remedy.max_batch or 1, 8)), "--optimizer", remedy.optimizer.value]
-    if remedy.method is not Method.FULL:
-        args += ["--lora-rank", str(lora_rank)]
-    if remedy.checkpointing:
-        args.append("--checkpointing")
+    if setup is not None:
+        args = train_args(setup, model_id)
+    else:  # a remedy read back from results JSON: what it records
+        args = ["--model", model_id, "--method", remedy.method.value, "--seq", str(seq), "--batch",
+                str(launch_batch(remedy.max_batch)), "--optimizer", remedy.optimizer.value]
+        args += ["--lora-rank", str(lora_rank)] if remedy.method is not Method.FULL else []
+        args += ["--checkpointing"] if remedy.checkpointing else []
     if config is None:
         head = ["accelerate", "launch", "--num_processes", "1"]
     else:
@@ -70,21 +82,53 @@ def launch_command(remedy: Remedy, model_id: str, seq: int, lora_rank: int = 8,
 
 
 def plan_settings(plan: Plan) -> LaunchSettings:
-    """The settings the configs follow for ``plan``: its processes and machines, its model's decoder layer, and the
-    mixed precision of its recommended remedy (fp16 without one)."""
+    """The settings the configs follow for ``plan``: its processes and machines, its model (hub id) and family's
+    decoder layer, and the mixed precision of its recommended remedy (fp16 without one)."""
     spec = load_model(plan.model)
     rec = plan.recommended
-    mixed_precision = (MIXED_PRECISION_FLAG.get(rec.precision) if rec is not None else None) or "fp16"
+    mixed_precision = (ACCELERATE_MIXED_PRECISION.get(rec.precision) if rec is not None else None) or "fp16"
     return LaunchSettings(num_processes=plan.gpus, num_machines=plan.nodes, mixed_precision=mixed_precision,
-                          decoder_layer=DECODER_LAYER.get(spec.model_type, "LlamaDecoderLayer"))
+                          decoder_layer=decoder_layer_class(spec), model_id=hub_id(spec.source) or "PATH/TO/MODEL")
+
+
+def train_script(model_id: str) -> str:
+    """``train.py`` with ``model_id`` as its default ``--model``."""
+    text = (TEMPLATES_DIR / "launch" / TRAIN_SCRIPT).read_text()
+    if DEFAULT_MODEL_LINE not in text:  # pragma: no cover - a template edited without its marker
+        raise ValueError(f"{TRAIN_SCRIPT} template lost its {DEFAULT_MODEL_LINE!r} line")
+    return text.replace(DEFAULT_MODEL_LINE, f"DEFAULT_MODEL = {json.dumps(model_id)}")
+
+
+def write_deepspeed_files(out_dir: str | os.PathLike[str], setup: TrainingSetup) -> dict[str, Path]:
+    """Write the DeepSpeed JSON of a ZeRO ``setup`` (``batch``: the micro-batch launched) and the accelerate config
+    that uses it into ``out_dir`` (atomically); return ``{file name: path}``."""
+    import yaml
+
+    json_name, yaml_name = deepspeed_configs.file_names(setup)
+    out = Path(out_dir)
+    return {
+        json_name: write_text_atomic(out / json_name, json.dumps(deepspeed_configs.deepspeed_json(setup), indent=2)
+                                     + "\n"),
+        yaml_name: write_text_atomic(out / yaml_name, yaml.safe_dump(
+            deepspeed_configs.accelerate_deepspeed_config(setup), sort_keys=False)),
+    }
+
+
+def top_launches(plan: Plan, top: int = 3) -> list[Remedy]:
+    """The remedies LAUNCH.md gives commands for: the plan's recommended one first, then the best-ranked other
+    recommendable remedies that have launch files, ``top`` in all."""
+    rec = plan.recommended
+    rest = [r for r in plan.remedies if r.recommendable and r.config_files and r is not rec]
+    return ([rec] if rec is not None else []) + rest[:max(top - (rec is not None), 0)]
 
 
 def write_configs(out_dir: str | os.PathLike[str] = CONFIGS_DIR, plan: Plan | None = None,
                   settings: LaunchSettings | None = None, top: int = 3) -> dict[str, Path]:
     """Write every launch file into ``out_dir`` (atomically); return ``{file name: path}``.
 
-    With a :class:`~oomlab.remedies.plan.Plan`, the settings follow it (:func:`plan_settings`) and LAUNCH.md gives
-    the exact command of its ``top`` recommendable remedies that have a config.
+    With a :class:`~oomlab.remedies.plan.Plan`, the settings follow it (:func:`plan_settings`), each of its
+    :func:`top_launches` gets its command in LAUNCH.md, and each DeepSpeed one among them its JSON and accelerate
+    config.
     """
     import yaml
 
@@ -98,19 +142,19 @@ def write_configs(out_dir: str | os.PathLike[str] = CONFIGS_DIR, plan: Plan | No
 
     for strategy, name in ACCELERATE_CONFIG.items():
         put(name, yaml.safe_dump(accelerate_config(strategy, settings), sort_keys=False))
-    put(DS_JSON, json.dumps(deepspeed_zero3_offload(settings), indent=2) + "\n")
-    put(DS_ACCELERATE, yaml.safe_dump(accelerate_deepspeed_config(settings), sort_keys=False))
-    put(TRAIN_SCRIPT, (TEMPLATES_DIR / "launch" / TRAIN_SCRIPT).read_text())
-    commands = []
-    model_id = "PATH/TO/MODEL"
-    seq = 2048
+    put(TRAIN_SCRIPT, train_script(settings.model_id))
+    commands, deepspeed = [], []
     if plan is not None:
-        model_id = hub_id(load_model(plan.model).source) or model_id
-        seq = plan.seq
-        chosen = [r for r in plan.remedies if r.recommendable and r.config_files][:top]
+        chosen = top_launches(plan, top)
         for r in chosen:
-            cmd = launch_command(r, model_id, plan.seq, lora_rank=plan.lora_rank, num_processes=plan.gpus)
+            setup = launch_setup(r, plan.seq)
+            if r.strategy.deepspeed and setup is not None:
+                json_name, yaml_name = deepspeed_configs.file_names(setup)
+                if json_name not in written:
+                    written.update(write_deepspeed_files(out, setup))
+                    deepspeed.append((json_name, yaml_name, r.strategy, launcher(r.route, r.strategy)))
+            cmd = launch_command(r, settings.model_id, plan.seq, lora_rank=plan.lora_rank, num_processes=plan.gpus)
             if cmd:
                 commands.append((r.name, cmd))
-    put(LAUNCH_DOC, launch_doc(commands, settings, model_id=model_id, seq=seq))
+    put(LAUNCH_DOC, launch_doc(commands, settings, tuple(deepspeed)))
     return written

@@ -1,10 +1,11 @@
-"""The contents of the launch files: one accelerate config per launchable strategy, a DeepSpeed ZeRO-3 offload JSON,
-the training script, and which files launch which kind of remedy.  :mod:`.launch_dir` writes them for a plan, with
-the exact commands.
+"""The contents of the launch files: one accelerate config per launchable strategy, a DeepSpeed JSON and the accelerate
+config that uses it per DeepSpeed ZeRO remedy (:mod:`.deepspeed_configs`), the training script, and which files launch
+which remedy.  :mod:`.launch_dir` writes them for a plan, with the exact commands.
 
 Each accelerate config is what ``accelerate config`` would write for that launch (and loads with accelerate's own
-``load_config_from_file``); the DeepSpeed JSON has concrete values (no ``"auto"``), so DeepSpeed's own
-``DeepSpeedConfig`` accepts it as is.
+``load_config_from_file``); each DeepSpeed JSON has concrete values (no ``"auto"``), so DeepSpeed's own
+``DeepSpeedConfig`` accepts it as is.  FSDP wraps the model family's own decoder layer, read off the transformers
+model class (:func:`decoder_layer_class`).
 
 Which file launches which :class:`~oomlab.core.choices.Strategy`:
 
@@ -13,53 +14,80 @@ Which file launches which :class:`~oomlab.core.choices.Strategy`:
 - ``accelerate_fsdp2.yaml`` → ``fsdp2``: FSDP2 ``fully_shard`` per decoder layer and the root;
 - ``accelerate_fsdp2_offload.yaml`` → ``fsdp2-offload``: the same with ``CPUOffloadPolicy``;
 - ``accelerate_ddp.yaml`` → ``ddp``: ``DistributedDataParallel``;
+- ``deepspeed_<strategy>_<precision>_<optimizer>_b<micro-batch>.json`` and ``accelerate_deepspeed_<same>.yaml`` →
+  ``zero1``, ``zero2``, ``zero3``, ``zero2-offload``, ``zero3-offload``: ``deepspeed.initialize`` under accelerate;
 - no config → ``single``: ``accelerate launch --num_processes 1``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from oomlab.core.choices import Route, Strategy
+from oomlab.core.models import ModelSpec
 from oomlab.core.paths import OUTPUTS_DIR
+from oomlab.core.setup import TrainingSetup
+from oomlab.core.words import count
+from oomlab.remedies import deepspeed_configs
 
 CONFIGS_DIR = OUTPUTS_DIR / "configs"
-TRAIN_SCRIPT = "train.py"
+TRAIN_SCRIPT = deepspeed_configs.TRAIN_SCRIPT
 LAUNCH_DOC = "LAUNCH.md"
 FSDP = "accelerate_fsdp.yaml"  # Strategy.FSDP: accelerate's default FSDP (fsdp_version 1)
 FSDP_OFFLOAD = "accelerate_fsdp_offload.yaml"  # Strategy.FSDP_OFFLOAD: FSDP1 with fsdp_offload_params
 FSDP2 = "accelerate_fsdp2.yaml"  # Strategy.FSDP2: fsdp_version 2
 FSDP2_OFFLOAD = "accelerate_fsdp2_offload.yaml"  # Strategy.FSDP2_OFFLOAD: FSDP2 with fsdp_offload_params
 DDP = "accelerate_ddp.yaml"  # Strategy.DDP: MULTI_GPU
-DS_JSON = "deepspeed_zero3_offload.json"  # the alternative to FSDP offload: DeepSpeed ZeRO-3, params + optimizer on CPU
-DS_ACCELERATE = "accelerate_deepspeed_zero3_offload.yaml"  # the accelerate config that points at DS_JSON
-DECODER_LAYER = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer"}
+LAUNCH_BATCH_CAP = 8  # the commands launch the largest micro-batch that fits, up to this
 
-# The accelerate config of every launchable strategy; SINGLE has none (``accelerate launch --num_processes 1``),
-# ZERO1/ZERO2 have none yet.
+# The accelerate config of every launchable strategy but DeepSpeed's (a JSON + config per remedy) and SINGLE (none:
+# ``accelerate launch --num_processes 1``).
 ACCELERATE_CONFIG: dict[Strategy, str] = {
     Strategy.FSDP: FSDP, Strategy.FSDP_OFFLOAD: FSDP_OFFLOAD, Strategy.FSDP2: FSDP2,
     Strategy.FSDP2_OFFLOAD: FSDP2_OFFLOAD, Strategy.DDP: DDP,
 }
-ALL_FILES = (*ACCELERATE_CONFIG.values(), DS_JSON, DS_ACCELERATE, TRAIN_SCRIPT, LAUNCH_DOC)
+ALL_FILES = (*ACCELERATE_CONFIG.values(), TRAIN_SCRIPT, LAUNCH_DOC)  # written for every plan (+ DeepSpeed's per remedy)
 
 
-def files_for(route: Route, strategy: Strategy) -> tuple[str, ...]:
-    """The files that launch a remedy of this route and strategy (none where no config is written).
+def launch_batch(max_batch: int | None) -> int:
+    """The micro-batch a command launches: the largest that fits, at most :data:`LAUNCH_BATCH_CAP` (1 if none)."""
+    return min(max_batch or 1, LAUNCH_BATCH_CAP)
 
-    An offloading FSDP remedy also gets the DeepSpeed ZeRO-3 offload files, its alternative.
-    """
+
+def files_for(route: Route, setup: TrainingSetup, max_batch: int | None = None) -> tuple[str, ...]:
+    """The files that launch ``setup`` on ``route`` (none where no config is written): its strategy's accelerate
+    config, or a ZeRO remedy's own DeepSpeed JSON and accelerate config (for the micro-batch launched,
+    :func:`launch_batch` of ``max_batch``), then ``train.py`` and ``LAUNCH.md``."""
     common = (TRAIN_SCRIPT, LAUNCH_DOC)
     if route is Route.DEVICE_MAP:
         return ()  # no config written (see LAUNCH.md)
+    strategy = setup.strategy
     if strategy is Strategy.SINGLE:
         return common
+    if strategy.deepspeed:
+        if setup.precision not in deepspeed_configs.ACCELERATE_MIXED_PRECISION:
+            return ()
+        return (*deepspeed_configs.file_names(replace(setup, batch=launch_batch(max_batch))), *common)
     config = ACCELERATE_CONFIG.get(strategy)
-    if config is None:
-        return ()  # zero1/zero2: no config written (see LAUNCH.md)
-    alternative = (DS_JSON, DS_ACCELERATE) if strategy.offloads else ()
-    return (config, *alternative, *common)
+    return () if config is None else (config, *common)
+
+
+@lru_cache(maxsize=64)
+def decoder_layer_class(spec: ModelSpec) -> str:
+    """The decoder-layer class FSDP wraps for ``spec``'s family: transformers' causal-LM class for its ``model_type``
+    (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``), its ``_no_split_modules`` (``MistralDecoderLayer``, ``GPTNeoXLayer``...;
+    accelerate takes a comma-separated list)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(spec.model_type)
+    classes = getattr(getattr(transformers, name), "_no_split_modules", None) if name else None
+    if not classes:
+        raise ValueError(f"model {spec.name!r} ({spec.model_type}): transformers names no decoder layer to wrap "
+                         f"(causal-LM class {name!r} has no _no_split_modules)")
+    return ",".join(classes)
 
 
 @dataclass(frozen=True)
@@ -69,8 +97,8 @@ class LaunchSettings:
     num_processes: int = 4
     num_machines: int = 1
     mixed_precision: str = "fp16"  # accelerate's name: "fp16" on a T4 (no bf16), "bf16" where the GPU has it, "no"
-    decoder_layer: str = "LlamaDecoderLayer"
-    batch: int = 1  # micro-batch per GPU (DeepSpeed needs a number)
+    decoder_layer: str = "LlamaDecoderLayer"  # the family's (decoder_layer_class)
+    model_id: str = "PATH/TO/MODEL"  # train.py's default --model
 
 
 def _launch_common(settings: LaunchSettings, distributed_type: str) -> dict[str, Any]:
@@ -133,57 +161,8 @@ def accelerate_config(strategy: Strategy, settings: LaunchSettings) -> dict[str,
         return accelerate_fsdp_config(settings, offload=strategy.offloads)
     if strategy in (Strategy.FSDP2, Strategy.FSDP2_OFFLOAD):
         return accelerate_fsdp2_config(settings, offload=strategy.offloads)
-    raise ValueError(f"strategy {strategy.value!r} has no accelerate config; those with one: "
-                     f"{', '.join(s.value for s in ACCELERATE_CONFIG)}")
-
-
-def deepspeed_zero3_offload(settings: LaunchSettings) -> dict[str, Any]:
-    """DeepSpeed ZeRO stage 3, parameters and optimizer state offloaded to CPU, half precision as the settings say
-    (fp16 with dynamic loss scaling, or bf16).
-
-    ``train.py`` hands DeepSpeed its own torch optimizer (the one oomlab budgeted); DeepSpeed refuses a client
-    optimizer under optimizer offload unless ``zero_force_ds_cpu_optimizer`` is false
-    (deepspeed/runtime/engine.py:2342-2346 in DeepSpeed 0.19, ``_configure_optimizer``), so it is: the offloaded
-    step runs that torch optimizer on the host.
-    """
-    world = settings.num_processes * settings.num_machines
-    precision: dict[str, Any] = {}
-    if settings.mixed_precision == "fp16":
-        precision = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
-                              "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}}
-    elif settings.mixed_precision == "bf16":
-        precision = {"bf16": {"enabled": True}}
-    return {
-        "train_micro_batch_size_per_gpu": settings.batch,
-        "gradient_accumulation_steps": 1,
-        "train_batch_size": settings.batch * world,
-        "gradient_clipping": 1.0,
-        **precision,
-        "zero_force_ds_cpu_optimizer": False,
-        "zero_optimization": {
-            "stage": 3,
-            "offload_param": {"device": "cpu", "pin_memory": True},
-            "offload_optimizer": {"device": "cpu", "pin_memory": True},
-            "overlap_comm": True,
-            "contiguous_gradients": True,
-            "reduce_bucket_size": 50_000_000,
-            "stage3_prefetch_bucket_size": 50_000_000,
-            "stage3_param_persistence_threshold": 100_000,
-            "stage3_gather_16bit_weights_on_model_save": True,
-        },
-        "steps_per_print": 10,
-        "wall_clock_breakdown": False,
-    }
-
-
-def accelerate_deepspeed_config(settings: LaunchSettings) -> dict[str, Any]:
-    """The accelerate config of the DeepSpeed route: ZeRO-3 from :data:`DS_JSON`, ``zero.Init`` while loading."""
-    return {
-        "compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED",
-        "deepspeed_config": {"deepspeed_config_file": DS_JSON, "zero3_init_flag": True},
-        "num_machines": settings.num_machines, "num_processes": settings.num_processes, "machine_rank": 0,
-        "main_training_function": "main", "rdzv_backend": "static", "same_network": True, "use_cpu": False,
-    }
+    raise ValueError(f"strategy {strategy.value!r} has no accelerate config of its own; those with one: "
+                     f"{', '.join(s.value for s in ACCELERATE_CONFIG)} (DeepSpeed's: deepspeed_configs)")
 
 
 CONFIG_ROWS = (
@@ -197,33 +176,34 @@ CONFIG_ROWS = (
 )
 
 
-def launch_doc(commands: list[tuple[str, str]], settings: LaunchSettings, *, model_id: str = "PATH/TO/MODEL",
-               seq: int = 2048) -> str:
-    """LAUNCH.md: the configs, what each launches, and the exact commands of the chosen remedies."""
-    machines = "1 machine" if settings.num_machines == 1 else f"{settings.num_machines} machines"
+def launch_doc(commands: list[tuple[str, str]], settings: LaunchSettings,
+               deepspeed: tuple[tuple[str, str, Strategy, str], ...] = ()) -> str:
+    """LAUNCH.md: the configs, what each launches, and the exact commands of the chosen remedies (``deepspeed``:
+    ``(json, accelerate config, strategy, what it runs)`` of each ZeRO remedy written)."""
+    machines = count(settings.num_machines, "machine")
     lines = [
         "# Launching the remedies", "",
         "Written by oomlab. Run the commands from this folder on the GPU machine (`pip install torch transformers "
-        "accelerate peft bitsandbytes`; `deepspeed` for the DeepSpeed route). `--data FILE.txt` trains on a text "
+        "accelerate peft bitsandbytes`; `deepspeed` for the DeepSpeed remedies). `--data FILE.txt` trains on a text "
         "file; without it `train.py` feeds random tokens (a memory and speed check). After the first step "
         "`train.py` prints what accelerate prepared (distributed type, wrapped model class, whether the forward runs "
         "under accelerate's autocast); each step prints its loss, tokens/s and `torch.cuda.max_memory_allocated`.", "",
-        f"Configs: {settings.num_processes} processes per machine on {machines}, mixed precision "
+        f"Model: `{settings.model_id}` (train.py's default `--model`). Configs: "
+        f"{count(settings.num_processes, 'process')} per machine on {machines}, mixed precision "
         f"{settings.mixed_precision} (each command below sets its own with `--mixed_precision`), FSDP wraps each "
         f"`{settings.decoder_layer}`.", "",
         "| config | strategy | what accelerate builds |", "|---|---|---|",
         *(f"| `{name}` | `{strategy.value}` | {what} |" for name, strategy, what in CONFIG_ROWS),
+        *(f"| `{yaml_name}` (→ `{json_name}`) | `{strategy.value}` | {what} |"
+          for json_name, yaml_name, strategy, what in deepspeed),
         "| (none: `--num_processes 1`) | `single` | the model on one GPU |", "",
     ]
     for title, command in commands:
         lines += [f"## {title}", "", "```", command, "```", ""]
     lines += [
-        "## DeepSpeed ZeRO-3 with CPU offload (the alternative to FSDP offload)", "",
-        "```", f"accelerate launch --config_file {DS_ACCELERATE} {TRAIN_SCRIPT} --model {model_id} --method lora "
-        f"--checkpointing --seq {seq} --batch {settings.batch}",
-        "```", "",
-        "ZeRO-1/2 remedies have no config here. `device_map=\"auto\"` remedies have none either: they run as one "
-        "process that puts whole layers on successive GPUs (one GPU busy at a time), which `train.py` does not do.",
-        "",
+        "Each DeepSpeed remedy has its own JSON (stage, offload, bucket sizes as oomlab budgets them, precision, "
+        "micro-batch, optimizer) and the accelerate config that points at it. `device_map=\"auto\"` remedies have "
+        "no config: they run as one process that puts whole layers on successive GPUs (one GPU busy at a time), which "
+        "`train.py` does not do.", "",
     ]
     return "\n".join(lines)

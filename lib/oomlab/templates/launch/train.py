@@ -2,7 +2,7 @@
 
 Written by oomlab (``python -m oomlab plan --write-configs``); see LAUNCH.md next to this file for the commands.
 
-    accelerate launch --config_file accelerate_fsdp.yaml train.py --model huggyllama/llama-13b --method lora \
+    accelerate launch --config_file accelerate_fsdp.yaml train.py --model ORG/MODEL --method lora \
         --checkpointing --seq 2048 --batch 1 --steps 1000 --data train.txt
 
 ``--data`` is a UTF-8 text file, tokenized and cut into ``--seq``-token blocks; without it, random token ids are used
@@ -26,12 +26,14 @@ import time
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import DistributedType, DummyOptim, set_seed
+
+DEFAULT_MODEL = "huggyllama/llama-13b"  # oomlab writes the plan's model here
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="huggyllama/llama-13b", help="hub id or local folder with config and weights")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="hub id or local folder with config and weights")
     p.add_argument("--tiny-config", default=None, help="a config.json: random weights, no download (tests)")
     p.add_argument("--method", choices=("full", "lora", "qlora"), default="lora")
     p.add_argument("--lora-rank", type=int, default=8)
@@ -122,8 +124,18 @@ def batches(args: argparse.Namespace, vocab_size: int, rank: int):
         yield torch.randint(0, vocab_size, (args.batch, args.seq), generator=generator)
 
 
-def make_optimizer(args: argparse.Namespace, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The optimizer oomlab budgeted (``--optimizer``), over the trainable parameters."""
+def make_optimizer(args: argparse.Namespace, params: list[torch.nn.Parameter],
+                   accelerator: Accelerator | None = None) -> torch.optim.Optimizer:
+    """The optimizer oomlab budgeted (``--optimizer``), over the trainable parameters.
+
+    A DeepSpeed JSON with an ``"optimizer"`` block (oomlab writes one for ``adamw``: DeepSpeed's FusedAdam, or
+    DeepSpeedCPUAdam under offload) builds its own; accelerate then takes a ``DummyOptim`` placeholder
+    (accelerate/accelerator.py ``_prepare_deepspeed``: "You cannot specify an optimizer in the config file and in the
+    code at the same time").
+    """
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None) if accelerator is not None else None
+    if plugin is not None and "optimizer" in plugin.deepspeed_config:
+        return DummyOptim(params, lr=args.lr)
     if args.optimizer == "adamw-8bit":
         import bitsandbytes as bnb
 
@@ -186,6 +198,12 @@ def describe_prepared(accelerator: Accelerator, model: torch.nn.Module,
         <= {id(p) for p in model.parameters()},
         "scaler": None if accelerator.scaler is None else type(accelerator.scaler).__name__,
     }
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:  # the engine's own account of what it runs
+        out["zero_stage"] = model.zero_optimization_stage()
+        out["zero_offload_optimizer"] = bool(model.zero_cpu_offload())
+        out["deepspeed_optimizer"] = type(getattr(base_optimizer, "optimizer", base_optimizer)).__name__
+        out["micro_batch"] = model.train_micro_batch_size_per_gpu()
+        out["zero3_init"] = any(hasattr(p, "ds_id") for p in model.module.parameters())
     if isinstance(model, FSDP1):
         units = [m for m in FSDP1.fsdp_modules(model) if m._has_params]
         out["fsdp1_flat_params"] = sorted({(str(m._flat_param.dtype).removeprefix("torch."),
@@ -218,8 +236,9 @@ def main(argv: list[str] | None = None) -> None:
     model = load_model(args, accelerator)
     vocab_size = model.config.vocab_size
     if accelerator.is_main_process:
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in model.parameters())
+        # under DeepSpeed's zero.Init a parameter is an empty placeholder; ds_numel is its size
+        trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+        total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
         print(f"{args.method}: {trainable:,} trainable of {total:,} parameters; {accelerator.num_processes} "
               f"processes, {accelerator.distributed_type}, mixed precision {accelerator.mixed_precision}", flush=True)
     if args.checkpointing:  # transformers' own, per decoder layer (before FSDP wraps the layers)
@@ -229,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     seen: dict[str, object] = {}
     probe_first_layer(model, seen)
-    optimizer = make_optimizer(args, [p for p in model.parameters() if p.requires_grad])
+    optimizer = make_optimizer(args, [p for p in model.parameters() if p.requires_grad], accelerator)
     if is_fsdp1(accelerator) and args.method != "full":
         wrap_adapters_separately(model, accelerator)
     # One call, the optimizer built first on the unwrapped model: FSDP2 requires both together and re-points the

@@ -1,0 +1,275 @@
+"""DeepSpeed's ZeRO knobs as oomlab budgets them, and a user's DeepSpeed JSON read into the same setup the flags give.
+
+:class:`DeepSpeedSettings` holds the ``zero_optimization`` (and ``data_types``) keys that change memory, with
+DeepSpeed 0.19.8's defaults (``deepspeed/runtime/zero/config.py``, cited per field).  The three keys the Hugging Face
+integration fills in for ``"auto"`` from the model's hidden size ``h`` (``transformers/integrations/deepspeed.py``
+``HfTrainerDeepSpeedConfig.trainer_config_finalize``, lines 194-243 in transformers 5.24) default to that resolution
+-- it is what oomlab's launch JSON writes and what the HF Trainer / accelerate run from an ``"auto"`` config:
+
+- ``reduce_bucket_size = h * h`` (line 232: ``fill_only("zero_optimization.reduce_bucket_size", hidden_size *
+  hidden_size)``);
+- ``stage3_prefetch_bucket_size = int(0.9 * h * h)`` (lines 235-238);
+- ``stage3_param_persistence_threshold = 10 * h`` (lines 239-242).
+
+``fill_only``/``fill_match`` (lines 108-133) replace a value only where the JSON says ``"auto"``; a key the JSON
+leaves out keeps DeepSpeed's own default (``reduce_bucket_size`` 5e8 elements: a 1 GB half bucket).
+:func:`read_deepspeed_config` reads a JSON that way.  Offload is part of the strategy (``zero2-offload``,
+``zero3-offload``); optimizer offload without parameter offload under stage 3 is ``offload_param=False``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from oomlab.core.choices import Strategy
+from oomlab.core.errors import InvalidValueError
+from oomlab.core.models import ModelSpec
+from oomlab.core.setup import DEFAULT_LORA_TARGETS, TrainingSetup, make_setup
+
+# DeepSpeed 0.19.8 defaults, deepspeed/runtime/zero/config.py
+REDUCE_BUCKET_SIZE = 500_000_000  # config.py:113 reduce_bucket_size = Field(pp_int(5e8))
+ALLGATHER_BUCKET_SIZE = 500_000_000  # config.py:132
+SUB_GROUP_SIZE = 1_000_000_000  # config.py:182
+PREFETCH_BUCKET_SIZE = 50_000_000  # config.py:222 stage3_prefetch_bucket_size
+PARAM_PERSISTENCE_THRESHOLD = 100_000  # config.py:228 stage3_param_persistence_threshold
+MAX_LIVE_PARAMETERS = 1_000_000_000  # config.py:245 stage3_max_live_parameters
+MAX_REUSE_DISTANCE = 1_000_000_000  # config.py:251 stage3_max_reuse_distance
+AUTO = "auto"
+HIDDEN_SIZE_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """The DeepSpeed knobs that change memory (element counts, as DeepSpeed's JSON gives them).
+
+    ``None`` means ``"auto"`` as the HF integration resolves it (see the module docstring); :func:`resolve` turns a
+    settings object into concrete numbers for one model.
+    """
+
+    reduce_bucket_size: int | None = None  # IPG bucket elements (config.py:113; auto: h*h)
+    allgather_bucket_size: int = ALLGATHER_BUCKET_SIZE  # only the legacy all-gather path uses it (runtime/utils.py)
+    overlap_comm: bool | None = None  # None: DeepSpeed's own default, stage == 3 (config.py:138, 384-387)
+    contiguous_gradients: bool = True  # config.py:102: gradients copied into the IPG bucket
+    stage3_max_live_parameters: int = MAX_LIVE_PARAMETERS  # caps the prefetch (partitioned_param_coordinator.py)
+    stage3_max_reuse_distance: int = MAX_REUSE_DISTANCE  # params reused within it stay gathered
+    stage3_prefetch_bucket_size: int | None = None  # auto: int(0.9*h*h)
+    stage3_param_persistence_threshold: int | None = None  # params this small stay gathered; auto: 10*h
+    sub_group_size: int = SUB_GROUP_SIZE  # elements of one ZeRO-3 optimizer sub-group (config.py:182)
+    offload_param: bool | None = None  # zero3-offload: the parameter partitions on the host too (None: yes)
+    grad_accum_fp32: bool = False  # data_types.grad_accum_dtype "fp32" (engine.py:1799-1810; default: model dtype)
+
+
+def resolve(settings: DeepSpeedSettings | None, spec: ModelSpec, strategy: Strategy) -> DeepSpeedSettings:
+    """``settings`` (``None``: every default) with ``"auto"`` filled in for ``spec`` and the strategy's stage."""
+    s = settings or DeepSpeedSettings()
+    h = spec.hidden_size
+    return replace(
+        s,
+        reduce_bucket_size=h * h if s.reduce_bucket_size is None else s.reduce_bucket_size,
+        overlap_comm=strategy.zero_stage == 3 if s.overlap_comm is None else s.overlap_comm,
+        stage3_prefetch_bucket_size=int(0.9 * h * h) if s.stage3_prefetch_bucket_size is None
+        else s.stage3_prefetch_bucket_size,
+        stage3_param_persistence_threshold=10 * h if s.stage3_param_persistence_threshold is None
+        else s.stage3_param_persistence_threshold,
+        offload_param=strategy is Strategy.ZERO3_OFFLOAD and s.offload_param is not False,
+    )
+
+
+_RESOLVED: dict[tuple, DeepSpeedSettings] = {}
+
+
+def settings_for(setup: TrainingSetup, settings: DeepSpeedSettings | None = None) -> DeepSpeedSettings:
+    """The resolved settings a DeepSpeed setup runs with (memoised on the model, strategy and settings)."""
+    key = (setup.model, setup.strategy, settings)
+    found = _RESOLVED.get(key)
+    if found is None:
+        found = _RESOLVED[key] = resolve(settings, setup.model, setup.strategy)
+    return found
+
+
+# ------------------------------------------------------------------------------------------ reading a JSON
+
+
+@dataclass(frozen=True)
+class DeepSpeedLaunch:
+    """A DeepSpeed JSON read for one model and machine: the setup it trains and the knobs it sets."""
+
+    setup: TrainingSetup
+    settings: DeepSpeedSettings  # as the JSON says ("auto" left as None)
+
+    @property
+    def resolved(self) -> DeepSpeedSettings:
+        return settings_for(self.setup, self.settings)
+
+
+def _device(block: Any, key: str) -> str | None:
+    """``zero_optimization.<key>.device`` ("none" and absent: None)."""
+    if not block:
+        return None
+    device = str(block.get("device", "none")).lower()
+    if device not in ("none", "cpu", "nvme"):
+        raise InvalidValueError(f"unknown {key}.device {device!r}; known: cpu, none, nvme")
+    if device == "nvme":
+        raise InvalidValueError(f"{key}.device 'nvme' is not budgeted by oomlab (ZeRO-Infinity swaps to NVMe); "
+                                "use 'cpu'")
+    return None if device == "none" else device
+
+
+def _strategy(stage: Any, optimizer_offload: str | None, param_offload: str | None) -> tuple[Strategy, bool | None]:
+    if stage not in (1, 2, 3):
+        raise InvalidValueError(f"invalid zero_optimization.stage {stage!r}; oomlab budgets ZeRO stages 1, 2 and 3")
+    if param_offload and stage != 3:
+        raise InvalidValueError(f"offload_param needs ZeRO stage 3; got stage {stage}")
+    if param_offload and not optimizer_offload:
+        raise InvalidValueError("offload_param without offload_optimizer is not budgeted; offload both, or neither")
+    if stage == 1:
+        if optimizer_offload:
+            raise InvalidValueError("offload_optimizer with ZeRO stage 1 is not budgeted; use stage 2 "
+                                    "(the same host step, gradients partitioned)")
+        return Strategy.ZERO1, None
+    if stage == 2:
+        return (Strategy.ZERO2_OFFLOAD if optimizer_offload else Strategy.ZERO2), None
+    if optimizer_offload:
+        return Strategy.ZERO3_OFFLOAD, None if param_offload else False
+    return Strategy.ZERO3, None
+
+
+def _enabled(config: Mapping[str, Any], key: str) -> bool | str:
+    value = (config.get(key) or {}).get("enabled", False)
+    return AUTO if value == AUTO else bool(value)
+
+
+def _precision(config: Mapping[str, Any], precision: str | None) -> str:
+    """fp16 / bf16 blocks → fp16-mixed / bf16-mixed; "auto" takes the Trainer's flag (``precision``)."""
+    fp16, bf16 = _enabled(config, "fp16"), _enabled(config, "bf16")
+    if bf16 is True:
+        return "bf16-mixed"
+    if fp16 is True:
+        return "fp16-mixed"
+    if AUTO in (fp16, bf16):
+        if precision is None:
+            raise InvalidValueError("fp16/bf16 'enabled' is 'auto' (the Trainer's --fp16/--bf16 decide); pass "
+                                    "precision='fp16-mixed', 'bf16-mixed' or 'fp32'")
+        return precision
+    return "fp32"
+
+
+def _optimizer(config: Mapping[str, Any], optimizer: str) -> str:
+    """An ``"optimizer"`` block of type Adam/AdamW is DeepSpeed's own (FusedAdam / DeepSpeedCPUAdam): ``adamw``;
+    without one the Trainer passes its own optimizer (``optimizer``; its default is ``adamw-fused``)."""
+    block = config.get("optimizer")
+    if not block:
+        return optimizer
+    kind = str(block.get("type", "")).lower()
+    if kind not in ("adam", "adamw"):
+        raise InvalidValueError(f"optimizer type {block.get('type')!r} is not budgeted; known: Adam, AdamW")
+    return "adamw"
+
+
+def _elements(zero: Mapping[str, Any], key: str, default: int | None, auto_allowed: bool) -> int | None:
+    value = zero.get(key, default)
+    if value == AUTO:
+        if not auto_allowed:
+            raise InvalidValueError(f"zero_optimization.{key} is 'auto', which only {', '.join(HIDDEN_SIZE_KEYS)} "
+                                    "accept; give a number")
+        return None
+    try:
+        return int(float(value))
+    except (TypeError, ValueError) as err:
+        raise InvalidValueError(f"invalid zero_optimization.{key} {value!r}; expected a number of elements") from err
+
+
+def settings_from_config(config: Mapping[str, Any], strategy: Strategy, offload_param: bool | None = None
+                         ) -> DeepSpeedSettings:
+    """The knobs of a DeepSpeed JSON: ``"auto"`` → ``None``; a key left out → DeepSpeed's own default."""
+    zero = config.get("zero_optimization") or {}
+    overlap = zero.get("overlap_comm")
+    accum = str((config.get("data_types") or {}).get("grad_accum_dtype") or "").lower()
+    return DeepSpeedSettings(
+        reduce_bucket_size=_elements(zero, "reduce_bucket_size", REDUCE_BUCKET_SIZE, True),
+        allgather_bucket_size=_elements(zero, "allgather_bucket_size", ALLGATHER_BUCKET_SIZE, False),
+        overlap_comm=None if overlap is None else bool(overlap),
+        contiguous_gradients=bool(zero.get("contiguous_gradients", True)),
+        stage3_max_live_parameters=_elements(zero, "stage3_max_live_parameters", MAX_LIVE_PARAMETERS, False),
+        stage3_max_reuse_distance=_elements(zero, "stage3_max_reuse_distance", MAX_REUSE_DISTANCE, False),
+        stage3_prefetch_bucket_size=_elements(zero, "stage3_prefetch_bucket_size", PREFETCH_BUCKET_SIZE, True),
+        stage3_param_persistence_threshold=_elements(zero, "stage3_param_persistence_threshold",
+                                                     PARAM_PERSISTENCE_THRESHOLD, True),
+        sub_group_size=_elements(zero, "sub_group_size", SUB_GROUP_SIZE, False),
+        offload_param=offload_param,
+        grad_accum_fp32=accum in ("fp32", "float32", "float"),
+    )
+
+
+def read_deepspeed_config(config: Mapping[str, Any] | str | Path, *, model: str | ModelSpec, gpu: str, gpus: int = 1,
+                          nodes: int = 1, seq: int = 2048, method: str = "full", precision: str | None = None,
+                          optimizer: str = "adamw-fused", batch: int = 1, checkpointing: bool = False,
+                          attention: str = "sdpa", lora_rank: int = 8, lora_alpha: int = 16,
+                          lora_targets: Sequence[str] | str = DEFAULT_LORA_TARGETS) -> DeepSpeedLaunch:
+    """The setup and knobs a DeepSpeed JSON (a dict or a path) trains ``model`` with on ``nodes`` × ``gpus``.
+
+    What the JSON does not say comes from the keyword arguments (the Trainer's flags): the sequence length, method,
+    checkpointing; ``precision`` where fp16/bf16 are ``"auto"``, ``batch`` where the micro-batch is, and
+    ``optimizer`` where the JSON has no ``"optimizer"`` block.
+    """
+    if not isinstance(config, Mapping):
+        config = json.loads(Path(config).read_text())
+    zero = config.get("zero_optimization") or {}
+    strategy, offload_param = _strategy(zero.get("stage", 0),
+                                        _device(zero.get("offload_optimizer"), "offload_optimizer"),
+                                        _device(zero.get("offload_param"), "offload_param"))
+    micro = config.get("train_micro_batch_size_per_gpu", AUTO)
+    setup = make_setup(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
+                       precision=_precision(config, precision), optimizer=_optimizer(config, optimizer),
+                       batch=batch if micro == AUTO else int(micro), seq=seq, checkpointing=checkpointing,
+                       attention=attention, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)
+    return DeepSpeedLaunch(setup, settings_from_config(config, strategy, offload_param))
+
+
+def settings_rows(settings: DeepSpeedSettings) -> list[tuple[str, Any]]:
+    """``(key, value)`` of every knob, for display."""
+    return [(f.name, getattr(settings, f.name)) for f in fields(settings)]
+
+
+# ------------------------------------------------------------------------------------------ writing a JSON
+
+
+def zero_optimization_block(setup: TrainingSetup, settings: DeepSpeedSettings | None = None) -> dict[str, Any]:
+    """The ``zero_optimization`` block that runs ``setup`` with ``settings`` -- concrete numbers, no ``"auto"`` (what
+    :func:`settings_from_config` reads back to the same resolved settings)."""
+    ds = settings_for(setup, settings)
+    block: dict[str, Any] = {
+        "stage": setup.strategy.zero_stage, "overlap_comm": ds.overlap_comm,
+        "contiguous_gradients": ds.contiguous_gradients, "reduce_bucket_size": ds.reduce_bucket_size,
+        "allgather_bucket_size": ds.allgather_bucket_size,
+    }
+    if setup.strategy.offloads_optimizer:
+        block["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if setup.strategy.zero_stage == 3:
+        block.update({
+            "stage3_prefetch_bucket_size": ds.stage3_prefetch_bucket_size,
+            "stage3_param_persistence_threshold": ds.stage3_param_persistence_threshold,
+            "stage3_max_live_parameters": ds.stage3_max_live_parameters,
+            "stage3_max_reuse_distance": ds.stage3_max_reuse_distance, "sub_group_size": ds.sub_group_size,
+        })
+        if ds.offload_param:
+            block["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return block
+
+
+def precision_block(setup: TrainingSetup) -> dict[str, Any]:
+    """``fp16`` (dynamic loss scaling, DeepSpeed's defaults) or ``bf16`` for a mixed precision; nothing for fp32."""
+    if setup.precision.uses_bf16:
+        return {"bf16": {"enabled": True}}
+    if setup.precision.compute_dtype == "float16":
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                         "hysteresis": 2, "min_loss_scale": 1}}
+    return {}
+
+
+def data_types_block(settings: DeepSpeedSettings) -> dict[str, Any]:
+    return {"data_types": {"grad_accum_dtype": "fp32"}} if settings.grad_accum_fp32 else {}
