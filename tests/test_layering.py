@@ -1,6 +1,6 @@
-"""The house by stage: imports run one way only (core → reproduction → explanation → budget → remedies → report →
-pipeline, with cli and explorer on top), no import cycles, no private names imported across modules -- checked on
-the source (AST), function-level imports included."""
+"""The house by stage: imports run one way only (core → reproduction → explanation → budget → remedies → launch →
+report → pipeline, with cli and explorer on top), no import cycles, no private names imported across modules --
+checked on the source (AST), function-level imports included."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import pytest
 
 import oomlab
 
-STAGES = ("core", "reproduction", "explanation", "budget", "remedies", "report", "pipeline")
+# launch reads the user's files into a setup (with budget's DeepSpeed reader) and checks it with remedies' knobs, so it
+# comes after remedies; the report and the pipeline start from it
+STAGES = ("core", "reproduction", "explanation", "budget", "remedies", "launch", "report", "pipeline")
 TOP = ("cli", "explorer", "__main__", "__init__")
 PACKAGE = Path(oomlab.__file__).parent
 

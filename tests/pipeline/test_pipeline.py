@@ -17,8 +17,8 @@ from oomlab.pipeline.params import PARAMETERS, parse_params, render_params_help,
 from oomlab.pipeline.runner import PipelineResult, notebook_paths, run_pipeline
 from oomlab.report.results import read_results, write_results
 
-ACCEPTED = ("attention, batch, checkpointing, device, dtype, gpu, gpus, host_ram, lora_rank, message_format, model, "
-            "non_pytorch_mib, optimizer, precision, seq, trace")
+ACCEPTED = ("attention, batch, checkpointing, device, dtype, gpu, gpus, host_ram, launch_dir, lora_rank, lora_targets, "
+            "message_format, method, model, non_pytorch_mib, optimizer, precision, seq, strategy, trace")
 DEFAULTS = {
     "model": "llama-13b",
     "dtype": "float16",
@@ -34,7 +34,11 @@ DEFAULTS = {
     "checkpointing": False,
     "attention": "sdpa",
     "lora_rank": 8,
-    "host_ram": "192GiB",
+    "strategy": "ddp",
+    "method": "full",
+    "lora_targets": "q_proj,k_proj,v_proj,o_proj",
+    "launch_dir": None,
+    "host_ram": "auto",
     "trace": True,
 }
 
@@ -126,8 +130,9 @@ def test_params_help_has_one_line_per_parameter() -> None:
                              "MiB held on the GPU outside PyTorch (None: measured/default)"]),  # nullable, bound 0
         ("checkpointing", ["checkpointing", "bool", "false", "activation checkpointing in the user's configuration"]),
         ("device", ["device", "str", "auto", "where to reproduce the failure; one of auto, simulated, cuda"]),
-        ("host_ram", ["host_ram", "str", "192GiB",
-                      "host RAM per node (assumed: a 4 x T4 g4dn.12xlarge has 192 GiB)"]),
+        ("host_ram", ["host_ram", "str", "auto",
+                      "host RAM per node, with its unit; auto: assumed, the listed instance with these GPUs "
+                      "(specs/prices.json; 192 GiB, the seed's 4 x T4 g4dn.12xlarge, when none is listed)"]),
     ],
 )
 def test_params_help_line_shows_type_default_and_choices(name: str, columns: list[str]) -> None:
@@ -157,6 +162,11 @@ def test_params_help_defaults_parse_back() -> None:
         ("model=Llama-7B", "model", "llama-7b"),
         ("device=simulated", "device", "simulated"),
         ("message_format=torch>=2.1", "message_format", "torch>=2.1"),  # '=' inside the value
+        ("strategy=zero3", "strategy", "zero3"),
+        ("method=lora", "method", "lora"),
+        ("lora_targets= q_proj , v_proj ", "lora_targets", "q_proj,v_proj"),  # spaces around names dropped
+        ("launch_dir=tests/fixtures/open-assistant/seed", "launch_dir",  # made absolute: notebooks run elsewhere
+         str((Path(__file__).parents[1] / "fixtures" / "open-assistant" / "seed").resolve())),
     ],
 )
 def test_pair_is_converted_to_declared_type(pair: str, key: str, expected: object) -> None:
@@ -185,6 +195,14 @@ def test_pair_is_converted_to_declared_type(pair: str, key: str, expected: objec
         (["gpu=h9000"], f"parameter 'gpu': unknown GPU 'h9000'; known: {', '.join(known_gpus())}"),
         (["model=gpt-5"], "parameter 'model': unknown model 'gpt-5'; known: "
          f"{', '.join(known_models())} (or give a path to a config.json)"),
+        (["strategy=zero4"], "parameter 'strategy' must be one of single, ddp, zero1, zero2, fsdp, fsdp-offload, "
+         "fsdp2, fsdp2-offload, zero3, zero2-offload, zero3-offload; got 'zero4'"),
+        (["launch_dir=/nonexistent"], "parameter 'launch_dir': launch_dir '/nonexistent' is not a folder of launch "
+         "files"),
+        (["lora_targets=,"], "parameter 'lora_targets': no LoRA target modules in ','; e.g. q_proj,k_proj,v_proj,"
+         "o_proj"),
+        (["method=qlora", "precision=fp32"], "the user's setup: method 'qlora' computes in half precision over a "
+         "4-bit base; precision 'fp32' is not a QLoRA setup: use fp16-mixed (or bf16-mixed where the GPU has bf16)"),
     ],
 )
 def test_bad_pair_raises_naming_key_and_value(pairs: list[str], message: str) -> None:
@@ -192,6 +210,13 @@ def test_bad_pair_raises_naming_key_and_value(pairs: list[str], message: str) ->
     with pytest.raises(OomlabError) as info:
         parse_params(pairs)
     assert str(info.value) == message
+
+
+def test_launch_dir_errors_name_the_file(tmp_path: Path) -> None:
+    """A launch_dir whose DeepSpeed JSON is malformed is refused naming the folder, the file and the line."""
+    (tmp_path / "ds.json").write_text('{\n  "zero_optimization": {"stage": 2,,}\n}\n')
+    with pytest.raises(OomlabError, match=rf"launch_dir '{tmp_path}'.*ds\.json:2:"):
+        parse_params([f"launch_dir={tmp_path}"])
 
 
 def test_dtype_error_lists_known_dtypes() -> None:
@@ -203,8 +228,8 @@ def test_dtype_error_lists_known_dtypes() -> None:
 def test_model_accepts_config_path(tmp_path: Path) -> None:
     """A path to a config.json is a valid model."""
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                                  "num_attention_heads": 4, "vocab_size": 100}))
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}))
     assert parse_params([f"model={config}"])["model"] == str(config)
 
 

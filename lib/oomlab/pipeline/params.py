@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oomlab.core.choices import MESSAGE_FORMAT_NAMES, Attention, Device, Optimizer, Precision
+from oomlab.core.choices import MESSAGE_FORMAT_NAMES, Attention, Device, Method, Optimizer, Precision, Strategy
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import load_gpu
-from oomlab.core.models import load_model
-from oomlab.core.setup import DEFAULT_HOST_RAM, MAX_GPUS_PER_NODE
+from oomlab.core.models import ALL_LINEAR, load_model
+from oomlab.core.prices import HOST_RAM_AUTO
+from oomlab.core.setup import DEFAULT_LORA_TARGETS, MAX_GPUS_PER_NODE
 from oomlab.core.units import parse_memory_size
 
 
@@ -36,6 +37,21 @@ class Param:
     @property
     def nullable(self) -> bool:
         return self.default is None
+
+
+def _lora_targets(value: str) -> str:
+    names = [t.strip() for t in value.split(",") if t.strip()]
+    if not names:
+        raise InvalidValueError(f"no LoRA target modules in {value!r}; e.g. {','.join(DEFAULT_LORA_TARGETS)}")
+    return ",".join(names)
+
+
+def _launch_dir(value: str) -> str:
+    """The folder, absolute (the notebooks run elsewhere)."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise InvalidValueError(f"launch_dir {value!r} is not a folder of launch files")
+    return str(path.resolve())
 
 
 PARAMETERS: dict[str, Param] = {
@@ -58,9 +74,22 @@ PARAMETERS: dict[str, Param] = {
         Param("seq", int, 2048, "sequence length in tokens", minimum=1),
         Param("checkpointing", bool, False, "activation checkpointing in the user's configuration"),
         Param("attention", str, "sdpa", "attention implementation", choices=tuple(a.value for a in Attention)),
-        Param("lora_rank", int, 8, "LoRA rank for the LoRA/QLoRA remedies", minimum=1),
-        Param("host_ram", str, DEFAULT_HOST_RAM, "host RAM per node (assumed: a 4 x T4 g4dn.12xlarge has 192 GiB)",
-              canonical=lambda v: (parse_memory_size(v), v)[1]),
+        Param("lora_rank", int, 8, "the user's LoRA rank (method lora/qlora), and the LoRA/QLoRA remedies'",
+              minimum=1),
+        Param("strategy", str, "ddp", "the user's launch when no launch_dir says (ddp on one GPU is single)",
+              choices=tuple(s.value for s in Strategy)),
+        Param("method", str, "full", "what the user's run trains when no launch_dir says",
+              choices=tuple(m.value for m in Method)),
+        Param("lora_targets", str, ",".join(DEFAULT_LORA_TARGETS), "the user's LoRA target modules, "
+              f"comma-separated (names of the model's nn.Linear modules, or {ALL_LINEAR})",
+              canonical=_lora_targets),
+        Param("launch_dir", str, None, "a folder of the user's launch files (launch.txt, accelerate*.yaml, a "
+              "DeepSpeed JSON, training_args.json, adapter_config.json, quantization_config.json, config.json): "
+              "they decide the setup; none: the setup is the parameters above, stated as assumptions",
+              canonical=_launch_dir),
+        Param("host_ram", str, HOST_RAM_AUTO, "host RAM per node, with its unit; auto: assumed, the listed instance "
+              "with these GPUs (specs/prices.json; 192 GiB, the seed's 4 x T4 g4dn.12xlarge, when none is listed)",
+              canonical=lambda v: v if str(v).strip().lower() == HOST_RAM_AUTO else (parse_memory_size(v), v)[1]),
         Param("trace", bool, True, "also trace setups with PyTorch's MemTracker (seconds each, cached)"),
     )
 }
@@ -175,6 +204,24 @@ def _check_together(params: Mapping[str, Any]) -> None:
             f"{spec.max_position_embeddings}: use a sequence length up to that (or a config.json that allows more)")
     if params["gpus"] > MAX_GPUS_PER_NODE:
         raise InvalidValueError(f"parameter 'gpus' must be at most {MAX_GPUS_PER_NODE}, got {params['gpus']}")
+    if params["lora_rank"] > spec.hidden_size:
+        raise InvalidValueError(
+            f"parameter 'lora_rank' {params['lora_rank']} exceeds {spec.name}'s hidden size {spec.hidden_size}: use "
+            f"a rank from 1 to {spec.hidden_size}")
+    _check_launch(params)
+
+
+def _check_launch(params: Mapping[str, Any]) -> None:
+    """The user's setup, read from ``launch_dir`` or assumed from the parameters, must be one oomlab can run: a bad
+    file or combination is refused naming it before any notebook runs (imported here: it loads the launch readers,
+    which the registry's importers need not)."""
+    from oomlab.launch.user import user_launch
+
+    try:
+        user_launch(params, {name: p.default for name, p in PARAMETERS.items()})
+    except OomlabError as err:
+        where = f"launch_dir {params['launch_dir']!r}" if params.get("launch_dir") else "the user's setup"
+        raise InvalidValueError(f"{where}: {err}") from err
 
 
 def _read_params_file(params_file: str | os.PathLike[str]) -> dict[Any, Any]:

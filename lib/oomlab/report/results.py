@@ -21,9 +21,11 @@ from oomlab.budget.display import summarize as summarize_budget
 from oomlab.budget.result import BudgetResult
 from oomlab.core.files import write_text_atomic
 from oomlab.core.gpus import GPUSpec
+from oomlab.core.setup import TrainingSetup
 from oomlab.explanation.explain import Explanation
 from oomlab.remedies.checks import Verification
 from oomlab.remedies.display import summarize as summarize_plan
+from oomlab.remedies.display import verdict
 from oomlab.remedies.fit_map import FitMap
 from oomlab.remedies.placement import DeviceMapPlacement
 from oomlab.remedies.plan import Plan
@@ -37,12 +39,24 @@ NOTEBOOK_RESULTS = {"reproduce": "01_reproduce_oom", "budget": "02_memory_budget
 # ------------------------------------------------------------------------------------------- builders
 
 
+def setup_case(setup: TrainingSetup, **extra: Any) -> dict[str, Any]:
+    """A results JSON's ``case``: the user's setup as notebook 01 read or assumed it (names, not objects), then
+    ``extra`` (the notebook's own parameters)."""
+    return {"model": setup.model.name, "gpu": setup.gpu.name, "gpus": setup.gpus, "nodes": setup.nodes,
+            "strategy": setup.strategy.value, "method": setup.method.value, "precision": setup.precision.value,
+            "optimizer": setup.optimizer.value, "batch": setup.batch, "seq": setup.seq,
+            "checkpointing": setup.checkpointing, "attention": setup.attention.value, "lora_rank": setup.lora_rank,
+            "lora_targets": ",".join(setup.lora_targets), **extra}
+
+
 def reproduce_results(case: Mapping[str, Any], result: ReproduceResult, float32: ReproduceResult,
                       smallest_fitting_gpu: str | None, fits_case: ReproduceResult | None,
                       decoded: Explanation | None, decoded_label: str | None, gpus: int,
-                      honesty: HonestReproduction | None = None) -> dict[str, Any]:
+                      honesty: HonestReproduction | None = None,
+                      launch: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Notebook 01's results: the reproduction, the same model in float32, what would have fitted, the decoding,
-    and (the user's case) which of the message's figures are inputs, fitted and predicted."""
+    (the user's case) which of the message's figures are inputs, fitted and predicted, and the user's launch as
+    notebook 01 read or assumed it (plain data: fields with origins, assumptions, the launch-path account)."""
     return {
         "case": dict(case),
         "reproduce": result.to_dict(),
@@ -55,6 +69,7 @@ def reproduce_results(case: Mapping[str, Any], result: ReproduceResult, float32:
         "explain": decoded.to_dict() if decoded else None,
         "explain_label": decoded_label,
         "honesty": honesty.to_dict() if honesty else None,
+        "launch": dict(launch) if launch else None,
     }
 
 
@@ -95,6 +110,14 @@ def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None
         "fit_maps": [m.to_dict() for m in fit_maps],
         "verification": {name: v.to_dict() for name, v in checks.items()},
         "assumptions": list(plan.assumptions),
+        "outcome": plan.outcome.value,
+        "verdict_markdown": verdict(plan),
+        "recommendation_note": plan.recommendation_note,
+        "recommended_rank": None if rec is None else plan.remedies.index(rec) + 1,
+        "host_ram_bytes": plan.host_ram_bytes,
+        "host_ram_source": plan.host_ram_source,
+        "host_ram_assumed": plan.host_ram_assumed,
+        "notes": list(plan.notes),
         "summary_markdown": summarize_plan(plan),
     }
 

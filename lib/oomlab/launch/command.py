@@ -1,0 +1,157 @@
+"""A launch command line read: ``torchrun`` (or ``python -m torch.distributed.run``), ``accelerate launch``,
+``deepspeed`` or plain ``python``; its launcher options, the training script and the script's own flags.
+
+Only what the launcher is and how many processes it starts matters here; :mod:`.read` turns the flags into setup
+fields, each flag its own origin.  Environment assignments in front (``CUDA_VISIBLE_DEVICES=0,1 ...``) are kept.
+"""
+
+from __future__ import annotations
+
+import enum
+import shlex
+from dataclasses import dataclass
+
+from oomlab.core.errors import InvalidValueError
+
+
+class Launcher(enum.Enum):
+    """The program that starts the training processes."""
+
+    TORCHRUN = "torchrun"  # torchrun / python -m torch.distributed.run: --nproc_per_node processes, DDP in the script
+    ACCELERATE = "accelerate launch"  # accelerate's launcher: its config file and flags decide the distributed type
+    DEEPSPEED = "deepspeed"  # DeepSpeed's launcher: one process per visible GPU (--num_gpus)
+    PYTHON = "python"  # one process (the HF Trainer then wraps nn.DataParallel over every visible GPU)
+
+
+# launcher options that take no value (everything else of the form --opt takes one)
+_SWITCHES = {
+    Launcher.TORCHRUN: {"--standalone", "--no-python", "--no_python", "--module", "-m", "--run-path", "--run_path"},
+    Launcher.ACCELERATE: {"--multi_gpu", "--use_deepspeed", "--use_fsdp", "--cpu", "--tpu", "-m", "--module",
+                          "--no_python", "--debug", "-q", "--quiet", "--same_network", "--use_xpu"},
+    Launcher.DEEPSPEED: {"--no_python", "--no_local_rank", "--module", "--force_multi", "--autotuning",
+                         "--enable_each_rank_log", "--bind_cores_to_rank", "--no_ssh_check", "--elastic_training"},
+    Launcher.PYTHON: {"-u", "-O", "-B"},
+}
+_TORCH_RUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """One command line, split into launcher, launcher options, script and script flags."""
+
+    text: str
+    launcher: Launcher
+    env: tuple[tuple[str, str], ...]  # NAME=value assignments before the command
+    options: tuple[tuple[str, str | None], ...]  # the launcher's options (None: a switch)
+    script: str
+    flags: tuple[tuple[str, str | None], ...]  # the script's flags (None: a flag without value)
+
+    def option(self, *names: str) -> tuple[str, str | None] | None:
+        """The last of the launcher's options named ``names`` (``--nproc_per_node``/``--nproc-per-node``)."""
+        found = [(k, v) for k, v in self.options if k in names]
+        return found[-1] if found else None
+
+    def flag(self, *names: str) -> tuple[str, str | None] | None:
+        found = [(k, v) for k, v in self.flags if k in names]
+        return found[-1] if found else None
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "launcher": self.launcher.value, "env": dict(self.env),
+                "options": [list(o) for o in self.options], "script": self.script,
+                "flags": [list(f) for f in self.flags]}
+
+
+def split_flags(words: list[str], switches: set[str] = frozenset()) -> tuple[tuple[str, str | None], ...]:
+    """``--key value`` / ``--key=value`` / ``--flag`` (no value: the next word is another option, or none is left);
+    a bare word after a value (``--configs a b``) joins the previous flag's value with a space."""
+    out: list[list] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.startswith("-") and len(word) > 1 and not _is_number(word):
+            key, eq, value = word.partition("=")
+            if eq:
+                out.append([key, value])
+            elif key in switches or i + 1 == len(words) or (words[i + 1].startswith("-")
+                                                               and not _is_number(words[i + 1])):
+                out.append([key, None])
+            else:
+                out.append([key, words[i + 1]])
+                i += 1
+        elif out and out[-1][1] is not None:
+            out[-1][1] += " " + word
+        else:
+            raise InvalidValueError(f"cannot read {word!r} in the script's flags: expected --flag or --flag value")
+        i += 1
+    return tuple((k, v) for k, v in out)
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def _launcher_options(words: list[str], launcher: Launcher) -> tuple[list[tuple[str, str | None]], int]:
+    """The launcher's options up to the script (the first word that is not an option or an option's value)."""
+    options: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        key, eq, value = words[i].partition("=")
+        if eq:
+            options.append((key, value))
+        elif key in _SWITCHES[launcher]:
+            options.append((key, None))
+        elif i + 1 < len(words):
+            options.append((key, words[i + 1]))
+            i += 1
+            if launcher is Launcher.PYTHON and key == "-m":  # python -m module: the module is the script
+                return options, i + 1
+        else:
+            raise InvalidValueError(f"launcher option {key!r} has no value and no script follows")
+        i += 1
+    return options, i
+
+
+def parse_command(text: str) -> LaunchCommand:
+    """Read a launch command line; an unknown program is refused listing the launchers read."""
+    try:
+        words = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as err:
+        raise InvalidValueError(f"cannot split the launch command {text!r}: {err}") from err
+    env = []
+    while words and "=" in words[0] and not words[0].startswith("-") and words[0].split("=")[0].isidentifier():
+        name, _, value = words.pop(0).partition("=")
+        env.append((name, value))
+    if not words:
+        raise InvalidValueError(f"empty launch command {text!r}; expected torchrun, accelerate launch, deepspeed or "
+                                "python followed by the training script")
+    program = words[0].rsplit("/", 1)[-1]
+    rest = words[1:]
+    if program == "torchrun":
+        launcher = Launcher.TORCHRUN
+    elif program == "accelerate" and rest[:1] == ["launch"]:
+        launcher, rest = Launcher.ACCELERATE, rest[1:]
+    elif program == "deepspeed":
+        launcher = Launcher.DEEPSPEED
+    elif program.startswith("python"):
+        if rest[:1] == ["-m"] and len(rest) > 1 and rest[1] in _TORCH_RUN_MODULES:
+            launcher, rest = Launcher.TORCHRUN, rest[2:]
+        elif rest[:1] == ["-m"] and len(rest) > 1 and rest[1] == "accelerate.commands.launch":
+            launcher, rest = Launcher.ACCELERATE, rest[2:]
+        else:
+            launcher = Launcher.PYTHON
+    else:
+        raise InvalidValueError(f"unknown launcher {words[0]!r} in {text!r}; known: torchrun, python -m "
+                                "torch.distributed.run, accelerate launch, deepspeed, python")
+    options, i = _launcher_options(rest, launcher)
+    if launcher is Launcher.PYTHON and options and options[-1][0] == "-m" and options[-1][1] is not None:
+        script, i = options.pop()[1], i
+    elif i < len(rest):
+        script, i = rest[i], i + 1
+    else:
+        raise InvalidValueError(f"no training script in the launch command {text!r}")
+    return LaunchCommand(text=" ".join(text.split()), launcher=launcher, env=tuple(env), options=tuple(options),
+                         script=script, flags=split_flags(rest[i:]))

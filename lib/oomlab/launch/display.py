@@ -1,0 +1,118 @@
+"""``oomlab check`` shown: a plain-text answer, and a Markdown reply a maintainer can paste under the user's GitHub
+issue (verdict, the launch path the traceback proves, the per-GPU table, the fix and its launch, the assumptions)."""
+
+from __future__ import annotations
+
+from oomlab.core.choices import Route
+from oomlab.core.units import format_size
+from oomlab.launch.check import CheckResult, FailsAt
+from oomlab.launch.paths import ROWS, paths_the_traceback_allows
+from oomlab.remedies.remedy import remedy_name
+
+MAX_UNMODELLED_SHOWN = 8
+
+
+def _name(result: CheckResult) -> str:
+    s = result.launch.setup
+    return remedy_name(Route.PROCESS_PER_GPU, s.strategy, s.method, s.precision, s.optimizer, s.checkpointing,
+                       s.lora_rank)
+
+
+def verdict(result: CheckResult) -> str:
+    """The answer in one sentence."""
+    s = result.launch.setup
+    cap = format_size(s.gpu.total_memory_bytes)
+    where = f"{s.model.name} as launched ({_name(result)}, micro-batch {s.batch}, {s.seq} tokens) on {s.gpus} × " \
+            f"{s.gpu.display_name}"
+    if result.fails_at is FailsAt.LOAD:
+        return (f"{where} fails while loading, before the first step: {ROWS[result.load.path].short} needs "
+                f"{format_size(result.load.per_gpu_bytes or 0)} per GPU of {cap}.")
+    if result.fails_at is FailsAt.STEP:
+        return (f"{where} loads, then fails in the training step's {result.phase} phase: "
+                f"{format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap}.")
+    return f"{where} fits: {format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap} at the step's peak."
+
+
+def traceback_sentence(result: CheckResult) -> str:
+    """What a ``Module._apply → convert → t.to`` traceback proves, and whether this launch is one of those."""
+    allowed = paths_the_traceback_allows()
+    names = "; ".join(r.short for r in allowed)
+    others = ", ".join(r.short for r in ROWS.values() if r not in allowed)
+    mine = ROWS[result.load.path]
+    verdict_ = "is one of them" if mine in allowed else "is not: it cannot fail there"
+    return (f"A traceback ending in `Module._apply → convert → t.to` with most of a replica allocated proves that a "
+            f"full replica was moved to each GPU with `Module.to()`: the launcher was one of {names}; not {others}. "
+            f"This launch ({mine.short}) {verdict_}.")
+
+
+def per_gpu_rows(result: CheckResult) -> list[tuple[str, str]]:
+    rows = []
+    if result.load.per_gpu_bytes is not None:
+        rows.append((f"load ({result.load.path.value})", format_size(result.load.per_gpu_bytes)))
+    b = result.budget
+    rows.append((f"training step peak ({b.peak_phase.value})", format_size(b.per_gpu_peak_bytes)))
+    rows += [(f"  {k.value}", format_size(v)) for k, v in b.components.items() if v]
+    rows.append(("capacity", format_size(b.capacity_bytes)))
+    return rows
+
+
+def _assumptions(result: CheckResult) -> list[str]:
+    out = list(result.launch.assumptions)
+    n = len(result.launch.unmodelled)
+    if n:
+        out.append(f"{n} keys/flags read but not modelled (listed with --json), e.g. "
+                   + "; ".join(str(u) for u in result.launch.unmodelled[:3]))
+    out += [note for note in result.budget.notes if note.startswith(("outside PyTorch", "allocator overhead"))]
+    out.append(result.host_ram.text)
+    return out
+
+
+def render_check(result: CheckResult) -> str:
+    """The plain-text answer."""
+    lines = [verdict(result), "", "setup (origin of each field):"]
+    lines += [f"  {name:<14} {_plain(s.value)!s:<28} {s.origin}" for name, s in result.launch.fields.items()]
+    lines += ["", f"load: {result.load.detail}", "", "per GPU:"]
+    lines += [f"  {label:<36} {value:>12}" for label, value in per_gpu_rows(result)]
+    fix = result.smallest_fix
+    if result.fails_at is not None:
+        lines.append("")
+        if fix is None:
+            lines.append("no change of one or two knobs fits (see python -m oomlab plan)")
+        else:
+            lines.append("smallest fix: " + ", ".join(f"{k} -> {v}" for k, v in fix.changes)
+                         + f" ({format_size(fix.per_gpu_peak_bytes)} per GPU)")
+            lines += [f"  {h}" for h in fix.how] + [f"  launch: {fix.launch}"]
+    if result.launch.unmodelled:
+        lines += ["", f"not modelled ({len(result.launch.unmodelled)}):"]
+        lines += [f"  {u}" for u in result.launch.unmodelled[:MAX_UNMODELLED_SHOWN]]
+        if len(result.launch.unmodelled) > MAX_UNMODELLED_SHOWN:
+            lines.append(f"  ... and {len(result.launch.unmodelled) - MAX_UNMODELLED_SHOWN} more (--json)")
+    return "\n".join(lines)
+
+
+def _plain(value: object) -> object:
+    value = getattr(value, "value", value)
+    return ",".join(value) if isinstance(value, tuple) else value
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(result: CheckResult) -> str:
+    """A short GitHub reply: verdict, launch path, per-GPU table, fix with its launch command, assumptions."""
+    out = [f"**Verdict.** {verdict(result)}", "", f"**Launch path.** {traceback_sentence(result)}", "",
+           "| per GPU | |", "|---|---:|"]
+    out += [f"| {_cell(label.strip())} | {value} |" for label, value in per_gpu_rows(result)]
+    fix = result.smallest_fix
+    out.append("")
+    if result.fails_at is None:
+        out.append("**Fix.** None needed.")
+    elif fix is None:
+        out.append("**Fix.** No change of one or two knobs fits; `python -m oomlab plan` ranks every remedy.")
+    else:
+        out.append("**Fix.** " + "; ".join(fix.how) + f" — {format_size(fix.per_gpu_peak_bytes)} per GPU at the "
+                   "step's peak, and it loads.")
+        out += ["", "```", fix.launch, "```"]
+    out += ["", "**Assumptions.**"] + [f"- {_cell(a)}" for a in _assumptions(result)]
+    return "\n".join(out)

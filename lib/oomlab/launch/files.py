@@ -1,0 +1,127 @@
+"""The user's files read with the line of every key: JSON (DeepSpeed, TrainingArguments, adapter_config.json,
+config.json, a quantization_config) and YAML (accelerate).  A malformed file is an error naming the file and the line;
+a file that is not a mapping is refused saying what it holds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from oomlab.core.errors import InvalidValueError
+from oomlab.launch.origin import Origin, file_origin
+
+
+class LaunchFileError(InvalidValueError):
+    """A launch file that cannot be read: missing, malformed (with the line), or not a mapping."""
+
+
+@dataclass(frozen=True)
+class LaunchFile:
+    """One file's mapping and the 1-based line of each dotted key."""
+
+    path: str
+    data: Mapping[str, Any] = field(repr=False)
+    lines: Mapping[str, int] = field(repr=False, default_factory=dict)
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        node: Any = self.data
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def has(self, dotted: str) -> bool:
+        marker = object()
+        return self.get(dotted, marker) is not marker
+
+    def origin(self, dotted: str) -> Origin:
+        return file_origin(self.path, dotted, self.lines.get(dotted))
+
+    def leaves(self) -> Iterator[tuple[str, Any]]:
+        """Every ``(dotted key, value)`` whose value is not a mapping."""
+        def walk(prefix: str, node: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+            for key, value in node.items():
+                dotted = f"{prefix}{key}"
+                if isinstance(value, Mapping) and value:
+                    yield from walk(dotted + ".", value)
+                else:
+                    yield dotted, value
+        yield from walk("", self.data)
+
+
+def _node_lines(node: yaml.Node, prefix: str = "", out: dict[str, int] | None = None) -> dict[str, int]:
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            dotted = f"{prefix}{key.value}"
+            out.setdefault(dotted, key.start_mark.line + 1)
+            _node_lines(value, dotted + ".", out)
+    return out
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Lines of the keys, read through YAML's composer (JSON is YAML for this purpose); {} where it cannot."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    return {} if node is None else _node_lines(node)
+
+
+def _text(path: str | Path) -> tuple[str, str]:
+    p = Path(path).expanduser()
+    try:
+        return str(path), p.read_text()
+    except FileNotFoundError as err:
+        raise LaunchFileError(f"launch file {str(path)!r} does not exist") from err
+    except IsADirectoryError as err:
+        raise LaunchFileError(f"launch file {str(path)!r} is a folder; give the file") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise LaunchFileError(f"launch file {str(path)!r} cannot be read: {err}") from err
+
+
+def _mapping(name: str, data: Any, kind: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise LaunchFileError(f"{name}: expected a {kind} mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def read_json(path: str | Path) -> LaunchFile:
+    """A JSON file as a :class:`LaunchFile`; malformed JSON is an error naming ``file:line:column``."""
+    name, text = _text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise LaunchFileError(f"{name}:{err.lineno}:{err.colno}: malformed JSON: {err.msg}") from err
+    return LaunchFile(name, _mapping(name, data, "JSON"), _key_lines(text))
+
+
+def read_yaml(path: str | Path) -> LaunchFile:
+    """A YAML file as a :class:`LaunchFile`; malformed YAML is an error naming ``file:line:column``."""
+    name, text = _text(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
+        raise LaunchFileError(f"{where}: malformed YAML: {err.problem or err.context}") from err
+    except yaml.YAMLError as err:
+        raise LaunchFileError(f"{name}: malformed YAML: {err}") from err
+    return LaunchFile(name, _mapping(name, data or {}, "YAML"), _key_lines(text))
+
+
+def read_file(path: str | Path) -> LaunchFile:
+    """JSON or YAML by the file's suffix (``.json``; ``.yaml``/``.yml``)."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".json":
+        return read_json(path)
+    if suffix in (".yaml", ".yml"):
+        return read_yaml(path)
+    raise LaunchFileError(f"launch file {str(path)!r}: unknown kind {suffix or '(no suffix)'!r}; known: .json, "
+                          ".yaml, .yml")

@@ -1,0 +1,84 @@
+"""What each kind of launch file and flag means to oomlab: the keys and flags it models, and the names users type
+mapped to oomlab's choices.  Everything else a file or command holds is listed as not modelled."""
+
+from __future__ import annotations
+
+from oomlab.core.choices import Optimizer
+
+TRANSFORMERS = "transformers 5.24"  # the installed releases whose defaults fill what the user left out
+ACCELERATE = "accelerate 1.15"
+DEEPSPEED = "deepspeed 0.19.8"
+PEFT = "peft 0.21"
+
+# DeepSpeed JSON keys that enter the budget (oomlab.budget.deepspeed_config reads them)
+DEEPSPEED_KEYS = frozenset({
+    "fp16.enabled", "bf16.enabled", "optimizer.type", "train_micro_batch_size_per_gpu", "data_types.grad_accum_dtype",
+    *(f"zero_optimization.{k}" for k in (
+        "stage", "offload_optimizer.device", "offload_param.device", "reduce_bucket_size", "allgather_bucket_size",
+        "overlap_comm", "contiguous_gradients", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "sub_group_size")),
+})
+
+# TrainingArguments (and TRL SFTConfig / ModelConfig) names, as JSON keys or as --flags of a transformers-style script
+BATCH_KEYS = ("per_device_train_batch_size",)
+SEQ_KEYS = ("max_seq_length", "max_length", "model_max_length", "block_size", "max_seq_len", "seq_length")
+CHECKPOINTING_KEYS = ("gradient_checkpointing", "activation_checkpointing")  # the second: 5.x's new name
+OPTIM_KEYS = ("optim",)
+DEEPSPEED_ARG_KEYS = ("deepspeed",)
+FSDP_KEYS = ("fsdp",)
+FSDP_CONFIG_KEYS = ("fsdp_config",)
+ATTENTION_KEYS = ("attn_implementation",)
+DTYPE_KEYS = ("torch_dtype", "dtype")
+MODEL_KEYS = ("model_name_or_path", "model_name", "model_id")
+PEFT_KEYS = ("use_peft",)
+LORA_RANK_KEYS = ("lora_r", "lora_rank")
+LORA_ALPHA_KEYS = ("lora_alpha",)
+LORA_TARGET_KEYS = ("lora_target_modules",)
+QUANT_4BIT_KEYS = ("load_in_4bit",)
+QUANT_8BIT_KEYS = ("load_in_8bit",)
+TRAINING_KEYS = frozenset({"fp16", "bf16", *BATCH_KEYS, *SEQ_KEYS, *CHECKPOINTING_KEYS, *OPTIM_KEYS,
+                           *DEEPSPEED_ARG_KEYS, *FSDP_KEYS, *FSDP_CONFIG_KEYS, *ATTENTION_KEYS, *DTYPE_KEYS,
+                           *MODEL_KEYS, *PEFT_KEYS, *LORA_RANK_KEYS, *LORA_ALPHA_KEYS, *LORA_TARGET_KEYS,
+                           *QUANT_4BIT_KEYS, *QUANT_8BIT_KEYS})
+
+# transformers' --optim names (training_args.py OptimizerNames) -> oomlab's optimizer
+OPTIM_NAMES: dict[str, Optimizer] = {
+    "adamw_torch_fused": Optimizer.ADAMW_FUSED, "adamw_torch": Optimizer.ADAMW,
+    "adamw_hf": Optimizer.ADAMW,  # transformers' own AdamW (removed in 5.x): two fp32 moments, as adamw
+    "adamw_bnb_8bit": Optimizer.ADAMW_8BIT, "adamw_8bit": Optimizer.ADAMW_8BIT,
+    "paged_adamw_8bit": Optimizer.ADAMW_8BIT, "sgd": Optimizer.SGD,
+}
+
+# accelerate config (``accelerate config`` YAML) keys that enter the setup
+ACCELERATE_KEYS = frozenset({
+    "distributed_type", "num_processes", "num_machines", "mixed_precision", "gpu_ids",
+    "deepspeed_config.deepspeed_config_file", "deepspeed_config.zero_stage", "deepspeed_config.zero3_init_flag",
+    "deepspeed_config.offload_optimizer_device", "deepspeed_config.offload_param_device",
+    "deepspeed_config.gradient_accumulation_steps", "fsdp_config.fsdp_version", "fsdp_config.fsdp_offload_params",
+    "fsdp_config.fsdp_activation_checkpointing", "fsdp_config.fsdp_sharding_strategy",
+    "fsdp_config.fsdp_reshard_after_forward",
+})
+# keys every ``accelerate config`` writes that change nothing in memory (listed as such, not as unknown)
+ACCELERATE_HARMLESS = frozenset({
+    "compute_environment", "machine_rank", "main_training_function", "rdzv_backend", "same_network", "tpu_env",
+    "tpu_use_cluster", "tpu_use_sudo", "use_cpu", "downcast_bf16", "main_process_ip", "main_process_port",
+    "debug", "enable_cpu_affinity",
+})
+ACCELERATE_MIXED = {"fp16": "fp16-mixed", "bf16": "bf16-mixed", "no": "fp32"}
+
+# peft adapter_config.json keys that enter the setup
+ADAPTER_KEYS = frozenset({"peft_type", "r", "lora_alpha", "target_modules"})
+# quantization_config keys that enter the setup
+QUANT_KEYS = frozenset({"load_in_4bit", "load_in_8bit", "quant_method", "bnb_4bit_quant_type",
+                        "bnb_4bit_use_double_quant"})
+
+# launcher options that enter the setup, by launcher value
+LAUNCHER_OPTIONS = {
+    "torchrun": {"--nproc_per_node", "--nproc-per-node", "--nnodes"},
+    "accelerate launch": {"--config_file", "--num_processes", "--num_machines", "--multi_gpu", "--use_deepspeed",
+                          "--use_fsdp", "--mixed_precision", "--deepspeed_config_file", "--zero_stage",
+                          "--zero3_init_flag", "--offload_optimizer_device", "--offload_param_device",
+                          "--fsdp_version", "--fsdp_offload_params", "--gpu_ids"},
+    "deepspeed": {"--num_gpus", "--num_nodes", "--include"},
+    "python": set(),
+}

@@ -1,0 +1,93 @@
+"""Notebook 01's sentences about the case, computed from it: what is being reproduced (the user's launch, read or
+assumed), and which launch the traceback proves."""
+
+from __future__ import annotations
+
+from oomlab.core.choices import Route
+from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
+from oomlab.core.units import format_size
+from oomlab.launch.origin import OriginKind
+from oomlab.launch.paths import ROWS, LoadPath, load_path_of, paths_the_traceback_allows
+from oomlab.launch.read import UserLaunch
+from oomlab.remedies.remedy import remedy_name
+from oomlab.reproduction.result import ReproduceResult
+
+
+def replica_dtype(launch: UserLaunch) -> str:
+    """The dtype of the replica ``.to()`` moves: DeepSpeed's engine casts to the half dtype first; the Trainer and
+    accelerate move what from_pretrained loaded."""
+    s = launch.setup
+    path = load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)
+    if path is LoadPath.DEEPSPEED_TO:
+        return "float32" if s.precision.value == "fp32" else s.precision.compute_dtype
+    return launch.load_dtype
+
+
+def is_seed_launch(launch: UserLaunch, dtype: str) -> bool:
+    """Is this the seed's case (llama-13b in float16 on T4s)?"""
+    return (launch.setup.model.name, dtype, launch.setup.gpu.name) == (SEED_MODEL, SEED_DTYPE, SEED_GPU)
+
+
+def case_intro(launch: UserLaunch, dtype: str) -> str:
+    """The case in two or three sentences: the model, the GPUs and the launch, and whether the launch was read or
+    assumed."""
+    s = launch.setup
+    name = remedy_name(Route.PROCESS_PER_GPU, s.strategy, s.method, s.precision, s.optimizer, s.checkpointing,
+                       s.lora_rank)
+    path = ROWS[load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)]
+    lines = [f"**The case.** {s.model.name} on {s.gpus * s.nodes} × {s.gpu.display_name} "
+             f"({format_size(s.gpu.total_memory_bytes)} each), launched as {name}, micro-batch {s.batch} × "
+             f"{s.seq} tokens; the weights reach each GPU through {path.short}, in {dtype}."]
+    if is_seed_launch(launch, dtype):
+        lines.append("The user's report shows this run dying before training, inside `torch.nn.Module._apply` → "
+                     "`convert` → `t.to(device)`.")
+    if launch.files or launch.command is not None:
+        lines.append(f"Read from {', '.join(f'`{f}`' for f in launch.files)}"
+                     + (f" and the command `{launch.command.text}`" if launch.command else "")
+                     + f"; {len(launch.assumptions)} field(s) assumed, {len(launch.unmodelled)} key(s) not modelled.")
+    else:
+        lines.append("No launch files were given (`launch_dir`): every field below is an assumption, the pipeline's "
+                     "parameters; the table of the other plausible launches shows how the verdict changes under "
+                     "each.")
+    return " ".join(lines)
+
+
+def launch_path_reading(launch: UserLaunch, result: ReproduceResult) -> str:
+    """What the reproduced (for the seed: the user's) traceback proves about the launch, and whether the launch as
+    read or assumed is one of those."""
+    s = launch.setup
+    mine = ROWS[load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)]
+    if not result.raised:
+        return (f"`.to()` of the {result.dtype} replica does not fail on one {s.gpu.display_name}: there is no "
+                "`Module._apply` failure to read a launch from.")
+    allowed = paths_the_traceback_allows(tuple(result.frames))
+    names = "; ".join(r.short for r in allowed)
+    others = ", ".join(r.short for r in ROWS.values() if r not in allowed)
+    moved = f"{result.moved_fraction:.1%} of the parameters were already on the GPU"
+    origin = launch.fields["strategy"].origin
+    said = "assumed" if origin.kind is OriginKind.ASSUMED else f"read from {origin}"
+    fit = ("is one of them" if mine in allowed else
+           "is not one of them: under it this traceback could not happen, so the launch that ran differed")
+    whose = "the user's launcher" if is_seed_launch(launch, result.dtype) else "a launcher that fails this way"
+    return (f"This traceback (`Module._apply` → `convert` → `t.to`, {moved}) means {whose} moved a full replica to "
+            f"each GPU with `Module.to()`: it was one of {names}. It was not {others}. The launch {said} "
+            f"({s.strategy.value}: {mine.short}) {fit}.")
+
+
+def _table(headers: tuple[str, ...] | list[str], rows: list[tuple[str, ...]]) -> str:
+    def cell(text: object) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+    lines = ["| " + " | ".join(map(cell, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def launch_section(launch: UserLaunch, result: ReproduceResult, dtype: str,
+                   path_table: tuple[tuple[str, ...], list[tuple[str, ...]]],
+                   others: list[tuple[str, str, str, str]]) -> str:
+    """The report's account of the launch (Markdown): the case, the launch-path table, what the traceback proves,
+    and the verdict under the other plausible launches."""
+    return "\n\n".join([
+        "### The launch the traceback proves", case_intro(launch, dtype), _table(*path_table),
+        launch_path_reading(launch, result),
+        _table(("launch", "how the weights load", "fails first at", "per GPU"), others)])

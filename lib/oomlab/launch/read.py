@@ -1,0 +1,329 @@
+"""The user's launch files and command turned into a :class:`~oomlab.core.setup.TrainingSetup` whose every field
+carries its origin (:class:`~oomlab.launch.origin.Sourced`).
+
+Read: an accelerate config YAML, a DeepSpeed JSON (``"auto"`` resolved as the HF integration does, through
+:func:`oomlab.budget.deepspeed_config.read_deepspeed_config`), HF ``TrainingArguments`` (a JSON dump, or the
+``--flags`` of a transformers-style script), a ``torchrun`` / ``accelerate launch`` / ``deepspeed`` / ``python``
+command line, a peft ``adapter_config.json``, a ``quantization_config`` and the model's ``config.json``.  Every key
+or flag not modelled is listed (:class:`~oomlab.launch.origin.Unmodelled`); two places that disagree raise
+:class:`~oomlab.launch.claims.LaunchConflictError` naming both; what nobody says comes from the library's default
+(named with its version) or is oomlab's assumption (the pipeline parameter's default), and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from oomlab.budget.deepspeed_config import DeepSpeedSettings
+from oomlab.core.choices import Attention, Method, choice
+from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.core.models import ALL_LINEAR
+from oomlab.core.setup import TrainingSetup
+from oomlab.launch import keys as K
+from oomlab.launch.claims import Claims, LaunchConflictError, Strength
+from oomlab.launch.command import LaunchCommand, Launcher
+from oomlab.launch.files import LaunchFile
+from oomlab.launch.origin import (
+    Origin,
+    OriginKind,
+    Sourced,
+    Unmodelled,
+    default_origin,
+    flag_origin,
+)
+
+SETUP_FIELDS = ("model", "gpus", "nodes", "strategy", "method", "precision", "optimizer", "batch", "seq",
+                "checkpointing", "attention", "lora_rank", "lora_alpha", "lora_targets")
+ASSUMED_SEQ = 2048  # the pipeline's seq default
+ASSUMED_DTYPE = "float16"  # the pipeline's dtype default (the seed's)
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+@dataclass(frozen=True)
+class LaunchInputs:
+    """The user's files and command (paths as given; None: not given)."""
+
+    command: str | None = None
+    accelerate_config: str | None = None
+    deepspeed: str | None = None
+    training_args: str | None = None
+    adapter_config: str | None = None
+    quantization_config: str | None = None
+    model: str | None = None  # a shipped name or a config.json
+    gpu: str = "t4"
+    gpus: int | None = None  # GPUs per node on the machine (None: as the launch says)
+
+    @property
+    def given(self) -> bool:
+        """Was any launch file or command given?"""
+        return any((self.command, self.accelerate_config, self.deepspeed, self.training_args, self.adapter_config,
+                    self.quantization_config))
+
+
+@dataclass(frozen=True)
+class UserLaunch:
+    """The user's setup as launched, each field with its origin."""
+
+    setup: TrainingSetup
+    fields: Mapping[str, Sourced]  # every setup field, plus load_dtype, launcher, zero3_init
+    deepspeed: DeepSpeedSettings | None  # the DeepSpeed knobs (None: not a DeepSpeed launch)
+    launcher: Launcher | None
+    trainer: bool  # an HF Trainer script (TrainingArguments given, as a file or flags)
+    command: LaunchCommand | None
+    unmodelled: tuple[Unmodelled, ...]
+    files: tuple[str, ...]
+
+    @property
+    def load_dtype(self) -> str:
+        return self.fields["load_dtype"].value
+
+    @property
+    def zero3_init(self) -> bool:
+        return bool(self.fields["zero3_init"].value)
+
+    @property
+    def assumptions(self) -> tuple[str, ...]:
+        """The fields nobody stated, with oomlab's reason for the value taken."""
+        return tuple(f"{name} = {_plain(s.value)}: {s.origin.where}" for name, s in self.fields.items()
+                     if s.origin.kind is OriginKind.ASSUMED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fields": {name: s.to_dict() for name, s in self.fields.items()},
+                "launcher": None if self.launcher is None else self.launcher.value, "trainer": self.trainer,
+                "command": None if self.command is None else self.command.to_dict(),
+                "unmodelled": [u.to_dict() for u in self.unmodelled], "files": list(self.files),
+                "assumptions": list(self.assumptions),
+                "deepspeed": None if self.deepspeed is None else {k: getattr(self.deepspeed, k) for k in
+                                                                  self.deepspeed.__dataclass_fields__}}
+
+
+def _plain(value: Any) -> Any:
+    value = getattr(value, "value", value)
+    return ",".join(value) if isinstance(value, tuple) else value
+
+
+def bool_value(value: Any, origin: Origin) -> bool:
+    if value is None or isinstance(value, bool):
+        return value is None or value
+    text = str(value).strip().lower()
+    if text in _TRUE + _FALSE:
+        return text in _TRUE
+    raise InvalidValueError(f"{origin}: expected true or false, got {value!r}")
+
+
+def int_value(value: Any, origin: Origin) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as err:
+        raise InvalidValueError(f"{origin}: expected an integer, got {value!r}") from err
+    if number != int(number) or number < 1:
+        raise InvalidValueError(f"{origin}: expected an integer >= 1, got {value!r}")
+    return int(number)
+
+
+# ------------------------------------------------------------------------------------------ one reader per kind
+
+Lookup = Callable[[str], tuple[bool, Any, Origin]]
+
+
+def file_lookup(f: LaunchFile) -> Lookup:
+    return lambda key: (f.has(key), f.get(key), f.origin(key))
+
+
+def flag_lookup(cmd: LaunchCommand) -> Lookup:
+    def look(key: str) -> tuple[bool, Any, Origin]:
+        found = cmd.flag(f"--{key}", f"--{key.replace('_', '-')}")
+        if found is None:
+            return False, None, flag_origin(f"--{key}")
+        return True, found[1], flag_origin(found[0] if found[1] is None else f"{found[0]} {found[1]}")
+    return look
+
+
+def _first(look: Lookup, names: tuple[str, ...]) -> tuple[bool, Any, Origin]:
+    for name in names:
+        hit = look(name)
+        if hit[0] and hit[1] is not None:
+            return hit
+        if hit[0] and hit[1] is None:  # a bare --flag
+            return hit
+    return False, None, look(names[0])[2]
+
+
+def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, Any]:
+    """TrainingArguments (a JSON dump or script flags): the fields they state; returns the DeepSpeed / FSDP /
+    model references they make."""
+    refs: dict[str, Any] = {}
+    fp16, bf16 = look("fp16"), look("bf16")
+    on16 = fp16[0] and bool_value(fp16[1], fp16[2])
+    onbf = bf16[0] and bool_value(bf16[1], bf16[2])
+    if on16 and onbf:
+        raise LaunchConflictError(f"contradiction in precision: {fp16[2]} says fp16 but {bf16[2]} says bf16; "
+                                  "set one of them")
+    if on16 or onbf:
+        claims.say("precision", "fp16-mixed" if on16 else "bf16-mixed", (fp16 if on16 else bf16)[2])
+    elif is_json and fp16[0] and bf16[0]:
+        claims.say("precision", "fp32", fp16[2])
+    hit = _first(look, K.BATCH_KEYS)
+    if hit[0]:
+        claims.say("batch", int_value(hit[1], hit[2]), hit[2])
+    hit = _first(look, K.SEQ_KEYS)
+    if hit[0] and hit[1] is not None:
+        claims.say("seq", int_value(hit[1], hit[2]), hit[2])
+    for key in K.CHECKPOINTING_KEYS:
+        hit = look(key)
+        if hit[0] and hit[1] is not None or hit[0] and not is_json:
+            claims.say("checkpointing", bool_value(hit[1], hit[2]), hit[2])
+    hit = look("optim")
+    if hit[0] and hit[1] is not None:
+        name = str(getattr(hit[1], "value", hit[1])).lower()
+        if name not in K.OPTIM_NAMES:
+            raise UnknownNameError(f"optimizer ({hit[2]})", name, K.OPTIM_NAMES, "the optimizers oomlab budgets")
+        claims.say("optimizer", K.OPTIM_NAMES[name], hit[2])
+    hit = look("attn_implementation")
+    if hit[0] and hit[1] is not None:
+        claims.say("attention", _attention(hit[1], hit[2]), hit[2])
+    hit = _first(look, K.DTYPE_KEYS)
+    if hit[0] and hit[1] not in (None, "auto"):
+        claims.say("load_dtype", dtype_name(hit[1], hit[2]), hit[2])
+    for name in ("deepspeed", "fsdp", "fsdp_config"):
+        hit = look(name)
+        if hit[0] and hit[1] not in (None, "", [], False):
+            refs[name] = hit
+        elif hit[0] and hit[1] is None and not is_json:
+            refs[name] = hit  # a bare --deepspeed: the script reads its own JSON (given with --deepspeed F)
+    hit = _first(look, K.MODEL_KEYS)
+    if hit[0] and hit[1]:
+        refs["model"] = hit
+    hit = look("use_peft")
+    if hit[0] and bool_value(hit[1], hit[2]):
+        claims.say("method", Method.LORA, hit[2])
+    for names, target in ((K.LORA_RANK_KEYS, "lora_rank"), (K.LORA_ALPHA_KEYS, "lora_alpha")):
+        hit = _first(look, names)
+        if hit[0] and hit[1] is not None:
+            claims.say(target, int_value(hit[1], hit[2]), hit[2])
+    hit = look("lora_target_modules")
+    if hit[0] and hit[1]:
+        claims.say("lora_targets", targets_of(hit[1]), hit[2])
+    for names, bits in ((K.QUANT_4BIT_KEYS, 4), (K.QUANT_8BIT_KEYS, 8)):
+        hit = _first(look, names)
+        if hit[0] and bool_value(hit[1], hit[2]):
+            claims.say("quantization", bits, hit[2])
+    return refs
+
+
+def targets_of(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (ALL_LINEAR,) if value == ALL_LINEAR else tuple(t for t in value.replace(",", " ").split() if t)
+    return tuple(str(t) for t in value)
+
+
+def _attention(value: Any, origin: Origin) -> Attention:
+    text = str(value).lower()
+    if text.startswith("flash_attention") or text == "flex_attention":
+        return Attention.SDPA  # NB: memory-efficient kernels save no s x s probabilities, as SDPA
+    try:
+        return choice(Attention, text, "attention")
+    except InvalidValueError as err:
+        raise InvalidValueError(f"{origin}: {err}") from err
+
+
+def dtype_name(value: Any, origin: Origin) -> str:
+    text = str(value).replace("torch.", "").lower()
+    names = {"float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16",
+             "float32": "float32", "fp32": "float32", "float": "float32"}
+    if text not in names:
+        raise UnknownNameError(f"load dtype ({origin})", value, sorted(set(names.values())))
+    return names[text]
+
+
+def accelerate_refs(claims: Claims, f: LaunchFile) -> dict[str, Any]:
+    refs: dict[str, Any] = {}
+    dist = str(f.get("distributed_type", "NO")).upper()
+    known = ("NO", "MULTI_GPU", "DEEPSPEED", "FSDP")
+    if dist not in known:
+        raise UnknownNameError(f"distributed_type ({f.origin('distributed_type')})", dist, known)
+    refs["distributed_type"] = (dist, f.origin("distributed_type"))
+    if f.has("num_processes"):
+        origin = f.origin("num_processes")
+        refs["num_processes"] = (int_value(f.get("num_processes"), origin), origin)
+    if f.has("num_machines"):
+        claims.say("nodes", int_value(f.get("num_machines"), f.origin("num_machines")), f.origin("num_machines"))
+    if f.has("mixed_precision"):
+        mixed = str(f.get("mixed_precision")).lower()
+        if mixed not in K.ACCELERATE_MIXED:
+            raise UnknownNameError(f"mixed_precision ({f.origin('mixed_precision')})", mixed, K.ACCELERATE_MIXED)
+        claims.say("precision", K.ACCELERATE_MIXED[mixed], f.origin("mixed_precision"),
+                   Strength.WEAK if mixed == "no" else Strength.STATED)
+    if f.get("deepspeed_config.deepspeed_config_file"):
+        refs["deepspeed"] = (True, f.get("deepspeed_config.deepspeed_config_file"),
+                             f.origin("deepspeed_config.deepspeed_config_file"))
+    for key in ("zero_stage", "offload_optimizer_device", "offload_param_device", "zero3_init_flag"):
+        if f.has(f"deepspeed_config.{key}"):
+            refs[key] = (f.get(f"deepspeed_config.{key}"), f.origin(f"deepspeed_config.{key}"))
+    for key in ("fsdp_version", "fsdp_offload_params", "fsdp_sharding_strategy"):
+        if f.has(f"fsdp_config.{key}"):
+            refs[key] = (f.get(f"fsdp_config.{key}"), f.origin(f"fsdp_config.{key}"))
+    if f.has("fsdp_config.fsdp_activation_checkpointing"):
+        origin = f.origin("fsdp_config.fsdp_activation_checkpointing")
+        claims.say("checkpointing", bool_value(f.get("fsdp_config.fsdp_activation_checkpointing"), origin), origin)
+    return refs
+
+
+def launcher_refs(claims: Claims, cmd: LaunchCommand) -> dict[str, Any]:
+    """What the launcher's own options say: processes, nodes, distributed type, precision, DeepSpeed knobs."""
+    refs: dict[str, Any] = {}
+
+    def opt(*names: str) -> tuple[Any, Origin] | None:
+        found = cmd.option(*names)
+        return None if found is None else (found[1], flag_origin(f"{found[0]} {found[1] or ''}".strip()))
+
+    if cmd.launcher is Launcher.TORCHRUN:
+        n, nodes = opt("--nproc_per_node", "--nproc-per-node"), opt("--nnodes")
+        if n and n[0] not in ("gpu", "auto"):
+            claims.say("gpus", int_value(n[0], n[1]), n[1])
+        elif n is None:
+            claims.say("gpus", 1, default_origin("torch torchrun", "--nproc_per_node 1"), Strength.DEFAULT)
+        if nodes:
+            claims.say("nodes", int_value(str(nodes[0]).split(":")[-1], nodes[1]), nodes[1])
+    elif cmd.launcher is Launcher.DEEPSPEED:
+        n, nodes = opt("--num_gpus"), opt("--num_nodes")
+        if n:
+            claims.say("gpus", int_value(n[0], n[1]), n[1])
+        if nodes:
+            claims.say("nodes", int_value(nodes[0], nodes[1]), nodes[1])
+        refs["distributed_type"] = ("DEEPSPEED", flag_origin("deepspeed (the launcher)"))
+    elif cmd.launcher is Launcher.PYTHON:
+        claims.say("gpus", 1, flag_origin("python (one process)"))
+    else:
+        for names, key in ((("--num_processes",), "num_processes"), (("--num_machines",), "nodes")):
+            hit = opt(*names)
+            if hit and key == "nodes":
+                claims.say("nodes", int_value(hit[0], hit[1]), hit[1])
+            elif hit:
+                refs[key] = (int_value(hit[0], hit[1]), hit[1])
+        for switch, dist in (("--use_deepspeed", "DEEPSPEED"), ("--use_fsdp", "FSDP"), ("--multi_gpu", "MULTI_GPU")):
+            hit = opt(switch)
+            if hit:
+                refs["distributed_type"] = (dist, hit[1])
+        hit = opt("--mixed_precision")
+        if hit:
+            mixed = str(hit[0]).lower()
+            if mixed not in K.ACCELERATE_MIXED:
+                raise UnknownNameError(f"mixed_precision ({hit[1]})", mixed, K.ACCELERATE_MIXED)
+            claims.say("precision", K.ACCELERATE_MIXED[mixed], hit[1], Strength.WEAK if mixed == "no"
+                       else Strength.STATED)
+        hit = opt("--deepspeed_config_file")
+        if hit:
+            refs["deepspeed"] = (True, hit[0], hit[1])
+        for key in ("zero_stage", "offload_optimizer_device", "offload_param_device", "zero3_init_flag",
+                    "fsdp_version", "fsdp_offload_params"):
+            hit = opt(f"--{key}")
+            if hit:
+                refs[key] = hit
+        hit = opt("--config_file")
+        if hit:
+            refs["config_file"] = hit
+    return refs

@@ -1,0 +1,435 @@
+"""The claims of every launch file and flag resolved into one :class:`~oomlab.launch.read.UserLaunch`:
+:func:`read_launch` (from paths and a command) and :func:`inputs_from_dir` (a folder of such files)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from oomlab.budget.deepspeed_config import read_deepspeed_config
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy
+from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.core.gpus import load_gpu
+from oomlab.core.models import ModelSpec, load_model
+from oomlab.core.setup import DEFAULT_LORA_TARGETS, make_setup
+from oomlab.launch import keys as K
+from oomlab.launch.claims import Claims, LaunchConflictError, Strength
+from oomlab.launch.command import Launcher, parse_command
+from oomlab.launch.files import LaunchFile, LaunchFileError, read_json, read_yaml
+from oomlab.launch.origin import Origin, Sourced, Unmodelled, assumed, default_origin, file_origin, flag_origin
+from oomlab.launch.read import (
+    ASSUMED_DTYPE,
+    ASSUMED_SEQ,
+    LaunchInputs,
+    UserLaunch,
+    accelerate_refs,
+    bool_value,
+    dtype_name,
+    file_lookup,
+    flag_lookup,
+    int_value,
+    launcher_refs,
+    targets_of,
+    training_claims,
+)
+
+LAUNCH_COMMAND_FILES = ("launch.sh", "launch.txt", "command.txt")
+
+
+def _unmodelled_leaves(f: LaunchFile, modelled: frozenset[str], harmless: frozenset[str] = frozenset(),
+                       why: str = "not modelled by oomlab") -> list[Unmodelled]:
+    out = []
+    for key, value in f.leaves():
+        if key in modelled:
+            continue
+        reason = "does not change GPU memory" if key.split(".")[0] in harmless else why
+        out.append(Unmodelled(f.origin(key), value, reason))
+    return out
+
+
+def _deepspeed_file(inputs: LaunchInputs, refs: list[tuple[Any, Origin]], base_dirs: list[Path]) -> LaunchFile | None:
+    """The one DeepSpeed JSON the launch names (``--deepspeed F`` first); two different files are a contradiction."""
+    named = [(str(v), o) for v, o in refs if isinstance(v, str) and v.strip()]
+    if inputs.deepspeed:
+        given = Path(inputs.deepspeed)
+        for value, origin in named:
+            if Path(value).name != given.name:
+                raise LaunchConflictError(f"contradiction in the DeepSpeed JSON: --deepspeed {inputs.deepspeed} but "
+                                          f"{origin} names {value!r}; give the file the launch uses")
+        return read_json(given)
+    for value, origin in named:
+        for base in base_dirs:
+            candidate = (base / value) if not Path(value).is_absolute() else Path(value)
+            if candidate.is_file():
+                return read_json(candidate)
+        if value.lower().endswith(".json"):
+            raise LaunchFileError(f"{origin} names the DeepSpeed JSON {value!r}, which is not here; pass it with "
+                                  "--deepspeed F")
+    return None
+
+
+def _processes(claims: Claims, inputs: LaunchInputs, launcher: Launcher | None, refs: dict[str, Any],
+               env: dict[str, str]) -> None:
+    """How many processes (GPUs) per node: the launcher's, against the machine's ``--gpus``."""
+    visible = None
+    if "CUDA_VISIBLE_DEVICES" in env:
+        visible = len([d for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()])
+    machine = inputs.gpus if inputs.gpus is not None else visible
+    machine_origin = flag_origin(f"--gpus {inputs.gpus}") if inputs.gpus is not None else \
+        flag_origin(f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')}")
+    if "num_processes" in refs:
+        total, origin = refs["num_processes"]
+        nodes = claims.winner("nodes")
+        per_node = total // (nodes.value if nodes else 1)
+        claims.say("gpus", max(per_node, 1), origin)
+    if not claims.stated("gpus") and launcher in (Launcher.ACCELERATE, Launcher.DEEPSPEED):
+        library = K.ACCELERATE if launcher is Launcher.ACCELERATE else K.DEEPSPEED
+        if machine is None:
+            claims.say("gpus", 1, assumed("the launcher starts one process per visible GPU; give --gpus N"),
+                       Strength.ASSUMED)
+        else:
+            claims.say("gpus", machine, default_origin(f"{library} launcher", "a process per visible GPU"),
+                       Strength.DEFAULT)
+    if machine is not None and not claims.said.get("gpus"):
+        claims.say("gpus", machine, machine_origin)
+    claims.say("gpus", 1, assumed("no launcher or --gpus: one GPU"), Strength.ASSUMED)
+    won = claims.winner("gpus")
+    if machine is not None and won is not None and won.value > machine:
+        raise LaunchConflictError(f"contradiction in gpus: {won.origin} starts {won.value} processes per node but "
+                                  f"{machine_origin} has {machine} GPUs")
+
+
+def _strategy(claims: Claims, refs: dict[str, Any], ds: LaunchFile | None, fsdp_ref: Any) -> tuple[str, Origin]:
+    """Which distributed kind the launch is: deepspeed, fsdp, or a replica per process."""
+    kinds = []
+    dist = refs.get("distributed_type")
+    if ds is not None or "deepspeed" in refs:
+        kinds.append(("DEEPSPEED", ds.origin("zero_optimization.stage") if ds is not None else refs["deepspeed"][2]))
+    if dist and dist[0] == "DEEPSPEED" and not kinds:
+        kinds.append(("DEEPSPEED", dist[1]))
+    if fsdp_ref is not None:
+        kinds.append(("FSDP", fsdp_ref[2]))
+    if dist and dist[0] == "FSDP" and not any(k == "FSDP" for k, _ in kinds):
+        kinds.append(("FSDP", dist[1]))
+    names = {k for k, _ in kinds}
+    if len(names) > 1:
+        (a, oa), (b, ob) = kinds[0], next(k for k in kinds if k[0] != kinds[0][0])
+        raise LaunchConflictError(f"contradiction in strategy: {oa} says {a} but {ob} says {b}; launch one of them")
+    if kinds:
+        return kinds[0]
+    return ("MULTI_GPU", dist[1]) if dist and dist[0] != "NO" else ("NO", dist[1] if dist else assumed("no file"))
+
+
+def _fsdp_strategy(refs: dict[str, Any], fsdp_ref: Any, fsdp_config: Any) -> tuple[Strategy, Origin]:
+    if "fsdp_sharding_strategy" in refs:
+        value, origin = refs["fsdp_sharding_strategy"]
+        if str(value).upper() not in ("FULL_SHARD", "1"):
+            raise InvalidValueError(f"{origin}: fsdp_sharding_strategy {value!r} is not budgeted; oomlab budgets "
+                                    "FULL_SHARD (1)")
+    if fsdp_ref is not None:  # the Trainer's --fsdp "full_shard auto_wrap [offload]"
+        words = str(fsdp_ref[1] or "").lower().split()
+        if words and "full_shard" not in words:
+            raise InvalidValueError(f"{fsdp_ref[2]}: fsdp {fsdp_ref[1]!r} is not budgeted; oomlab budgets full_shard "
+                                    "(with auto_wrap and optionally offload)")
+        version, vorigin = 2, default_origin(K.TRANSFORMERS, "fsdp_config version 2 (training_args.py)")
+        if isinstance(fsdp_config, dict) and "version" in fsdp_config:
+            version, vorigin = int(fsdp_config["version"]), fsdp_ref[2]
+        offload = "offload" in words
+        origin = fsdp_ref[2] if version == 2 else vorigin
+    else:
+        version, origin = 1, default_origin(K.ACCELERATE, "fsdp_version 1")
+        if "fsdp_version" in refs:
+            version, origin = int(refs["fsdp_version"][0]), refs["fsdp_version"][1]
+        offload = "fsdp_offload_params" in refs and bool_value(*refs["fsdp_offload_params"])
+    if version not in (1, 2):
+        raise InvalidValueError(f"{origin}: fsdp_version {version!r}; known: 1, 2")
+    table = {(1, False): Strategy.FSDP, (1, True): Strategy.FSDP_OFFLOAD, (2, False): Strategy.FSDP2,
+             (2, True): Strategy.FSDP2_OFFLOAD}
+    return table[(version, offload)], origin
+
+
+def _inline_deepspeed(refs: dict[str, Any]) -> dict[str, Any]:
+    """accelerate's inline DeepSpeed keys (no JSON file) as a DeepSpeed config."""
+    if "zero_stage" not in refs:
+        where = (refs.get("distributed_type") or refs["deepspeed"][1:])[1]
+        raise InvalidValueError(f"{where}: a DeepSpeed launch but no DeepSpeed JSON and no zero_stage; pass the JSON "
+                                "with --deepspeed F")
+    zero: dict[str, Any] = {"stage": int(refs["zero_stage"][0])}
+    for key, block in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_param")):
+        if key in refs:
+            zero[block] = {"device": str(refs[key][0])}
+    return {"zero_optimization": zero}
+
+
+def _deepspeed_claims(claims: Claims, ds: LaunchFile) -> None:
+    for key, value in (("fp16", "fp16-mixed"), ("bf16", "bf16-mixed")):
+        enabled = ds.get(f"{key}.enabled")
+        if enabled is True or str(enabled).lower() == "true":
+            claims.say("precision", value, ds.origin(f"{key}.enabled"))
+    micro = ds.get("train_micro_batch_size_per_gpu")
+    if micro not in (None, "auto"):
+        claims.say("batch", int_value(micro, ds.origin("train_micro_batch_size_per_gpu")),
+                   ds.origin("train_micro_batch_size_per_gpu"))
+    if ds.get("optimizer.type"):
+        claims.override("optimizer", Optimizer.ADAMW, ds.origin("optimizer.type"),
+                        f"the DeepSpeed JSON's optimizer block wins ({ds.origin('optimizer.type')}: "
+                        "DeepSpeed's own AdamW; transformers integrations/deepspeed.py)")
+
+
+def _model(inputs: LaunchInputs, model_ref: Any, unmodelled: list[Unmodelled]) -> tuple[ModelSpec, Origin]:
+    if inputs.model:
+        if model_ref is not None:
+            unmodelled.append(Unmodelled(model_ref[2], model_ref[1], "the model is the one given with --model"))
+        origin = file_origin(inputs.model, "", None) if inputs.model.endswith(".json") else \
+            flag_origin(f"--model {inputs.model}")
+        return load_model(inputs.model), origin
+    if model_ref is not None:
+        try:
+            return load_model(str(model_ref[1]).rsplit("/", 1)[-1]), model_ref[2]
+        except UnknownNameError as err:
+            raise UnknownNameError("model", model_ref[1], err.known, f"named by {model_ref[2]}; pass --model "
+                                   "NAME or the model's config.json") from err
+    raise InvalidValueError("no model: pass --model NAME or the model's config.json (or --model_name_or_path in "
+                            "the launch command)")
+
+
+def read_launch(inputs: LaunchInputs) -> UserLaunch:
+    """The setup the user's files and command launch, every field with its origin (see :mod:`oomlab.launch.read`)."""
+    load_gpu(inputs.gpu)  # an unknown GPU is refused before any file is read
+    claims, unmodelled, files = Claims(), [], []
+    cmd = parse_command(inputs.command) if inputs.command else None
+    refs: dict[str, Any] = {}
+    training_refs: dict[str, Any] = {}
+    trainer = False
+    base_dirs = [Path.cwd()]
+    if inputs.accelerate_config or (cmd is not None and cmd.option("--config_file")):
+        path = inputs.accelerate_config or cmd.option("--config_file")[1]
+        acc = read_yaml(path)
+        files.append(acc.path)
+        refs.update(accelerate_refs(claims, acc))
+        unmodelled += _unmodelled_leaves(acc, K.ACCELERATE_KEYS, K.ACCELERATE_HARMLESS)
+    if cmd is not None:
+        refs.update(launcher_refs(claims, cmd))
+        allowed = K.LAUNCHER_OPTIONS[cmd.launcher.value]
+        unmodelled += [Unmodelled(flag_origin(k), v, "launcher option not modelled") for k, v in cmd.options
+                       if k not in allowed and k != "--config_file"]
+        training_refs.update(training_claims(claims, flag_lookup(cmd), is_json=False))
+        trainer = any(f"--{k}" in {f for f, _ in cmd.flags} for k in ("per_device_train_batch_size", "output_dir"))
+        unmodelled += [Unmodelled(flag_origin(k), v, "script flag not modelled") for k, v in cmd.flags
+                       if k.lstrip("-").replace("-", "_") not in K.TRAINING_KEYS]
+    if inputs.training_args:
+        ta = read_json(inputs.training_args)
+        files.append(ta.path)
+        base_dirs.insert(0, Path(ta.path).parent)
+        trainer = True
+        for key, value in training_claims(claims, file_lookup(ta), is_json=True).items():
+            training_refs.setdefault(key, value)
+        unmodelled += _unmodelled_leaves(ta, K.TRAINING_KEYS)
+    model_ref = training_refs.get("model")
+    spec, model_origin = _model(inputs, model_ref, unmodelled)
+    if inputs.model and inputs.model.endswith(".json") and inputs.model not in files:
+        files.append(inputs.model)
+    ds_refs = [(v[1], v[2]) for v in (refs.get("deepspeed"), training_refs.get("deepspeed")) if v is not None]
+    if "deepspeed" in training_refs:
+        refs.setdefault("deepspeed", training_refs["deepspeed"])
+    ds = _deepspeed_file(inputs, ds_refs, base_dirs)
+    if ds is not None:
+        files.append(ds.path)
+        _deepspeed_claims(claims, ds)
+        unmodelled += _unmodelled_leaves(ds, K.DEEPSPEED_KEYS)
+        if "zero_stage" in refs and int(refs["zero_stage"][0]) != ds.get("zero_optimization.stage"):
+            raise LaunchConflictError(f"contradiction in zero stage: {refs['zero_stage'][1]} says "
+                                      f"{refs['zero_stage'][0]} but {ds.origin('zero_optimization.stage')} says "
+                                      f"{ds.get('zero_optimization.stage')}")
+    _quantization_and_adapter(claims, inputs, spec, unmodelled, files)
+    env = dict(cmd.env) if cmd is not None else {}
+    _processes(claims, inputs, cmd.launcher if cmd else None, refs, env)
+    _defaults(claims, trainer, spec)
+    fields = {name: claims.winner(name) for name in list(claims.said)}
+    kind, kind_origin = _strategy(claims, refs, ds, training_refs.get("fsdp"))
+    gpus, nodes = fields["gpus"].value, fields["nodes"].value
+    method = _method(fields)
+    common = {"model": spec, "gpu": inputs.gpu, "gpus": gpus, "nodes": nodes, "method": method.value,
+              "batch": fields["batch"].value, "seq": fields["seq"].value,
+              "checkpointing": fields["checkpointing"].value, "attention": fields["attention"].value,
+              "lora_rank": fields["lora_rank"].value, "lora_alpha": fields["lora_alpha"].value,
+              "lora_targets": fields["lora_targets"].value}
+    precision = fields["precision"].value
+    settings = None
+    if kind == "DEEPSPEED":
+        config = dict(ds.data) if ds is not None else _inline_deepspeed(refs)
+        launch = read_deepspeed_config(config, precision=precision, optimizer=fields["optimizer"].value.value,
+                                       **common)
+        strategy, settings = launch.setup.strategy, launch.settings
+        strategy_origin = ds.origin("zero_optimization.stage") if ds is not None else refs["zero_stage"][1]
+    elif kind == "FSDP":
+        strategy, strategy_origin = _fsdp_strategy(refs, training_refs.get("fsdp"),
+                                                   (training_refs.get("fsdp_config") or (0, None))[1])
+    else:
+        multi = gpus * nodes > 1
+        strategy = Strategy.DDP if multi else Strategy.SINGLE
+        strategy_origin = fields["gpus"].origin if multi or kind_origin is None else kind_origin
+        if multi and cmd is None and "distributed_type" not in refs:
+            strategy_origin = assumed(f"no launch command: a process per GPU (torchrun / accelerate launch) over "
+                                      f"{fields['gpus'].origin}")
+    setup = make_setup(strategy=strategy, precision=precision, optimizer=fields["optimizer"].value, **common)
+    zero3 = _zero3_init(refs, trainer)
+    fields.update({"model": Sourced(spec.name, model_origin), "strategy": Sourced(strategy, strategy_origin),
+                   "method": method, "zero3_init": zero3,
+                   "lora_targets": Sourced(setup.lora_targets, fields["lora_targets"].origin)})
+    if cmd is not None:
+        fields["launcher"] = Sourced(cmd.launcher, flag_origin(cmd.text.split()[0]))
+    unmodelled += [Unmodelled(o, v, why) for o, v, why in claims.overridden]
+    ordered = {name: fields[name] for name in (*SETUP_ORDER, *sorted(set(fields) - set(SETUP_ORDER)))
+               if name in fields}
+    return UserLaunch(setup=setup, fields=ordered, deepspeed=settings, launcher=cmd.launcher if cmd else None,
+                      trainer=trainer, command=cmd, unmodelled=tuple(unmodelled), files=tuple(files))
+
+
+SETUP_ORDER = ("model", "gpus", "nodes", "strategy", "method", "precision", "optimizer", "batch", "seq",
+               "checkpointing", "attention", "lora_rank", "lora_alpha", "lora_targets", "load_dtype", "zero3_init")
+
+
+def _method(fields: dict[str, Sourced]) -> Sourced:
+    method = fields["method"]
+    quant = fields.get("quantization")
+    if quant is None:
+        return method
+    if quant.value == 8:
+        raise InvalidValueError(f"{quant.origin}: an 8-bit base (load_in_8bit) is not budgeted; oomlab budgets a "
+                                "4-bit NF4 base (qlora)")
+    if method.value is Method.FULL:
+        raise InvalidValueError(f"{quant.origin}: a 4-bit base without adapters cannot be trained; add a LoRA "
+                                "adapter_config.json (or --use_peft)")
+    return Sourced(Method.QLORA, quant.origin, (method.origin,))
+
+
+def _zero3_init(refs: dict[str, Any], trainer: bool) -> Sourced:
+    if "zero3_init_flag" in refs:
+        value, origin = refs["zero3_init_flag"]
+        return Sourced(bool_value(value, origin), origin)
+    if trainer:
+        return Sourced(True, default_origin(K.TRANSFORMERS, "TrainingArguments(deepspeed=...) is built before "
+                                            "from_pretrained: ZeRO-3 loads under zero.Init"))
+    return Sourced(True, default_origin(K.ACCELERATE, "zero3_init_flag defaults to the JSON's stage == 3 "
+                                        "(utils/dataclasses.py)"))
+
+
+def _quantization_and_adapter(claims: Claims, inputs: LaunchInputs, spec: ModelSpec, unmodelled: list[Unmodelled],
+                              files: list[str]) -> None:
+    raw_quant = spec.config.get("quantization_config") if spec.config else None
+    if raw_quant:
+        _quant_claims(claims, dict(raw_quant), lambda k: file_origin(spec.source, f"quantization_config.{k}", None))
+    if inputs.quantization_config:
+        q = read_json(inputs.quantization_config)
+        files.append(q.path)
+        _quant_claims(claims, dict(q.data), q.origin)
+        unmodelled += _unmodelled_leaves(q, K.QUANT_KEYS)
+    dtype = spec.config.get("torch_dtype") or spec.config.get("dtype") if spec.config else None
+    if dtype and dtype != "auto":
+        origin = default_origin(K.TRANSFORMERS, f"from_pretrained dtype='auto': the checkpoint's {dtype} "
+                                f"({spec.source})")
+        claims.say("load_dtype", dtype_name(dtype, origin), origin, Strength.DEFAULT)
+    if inputs.adapter_config:
+        a = read_json(inputs.adapter_config)
+        files.append(a.path)
+        peft_type = str(a.get("peft_type", "LORA")).upper()
+        if peft_type != "LORA":
+            raise UnknownNameError(f"peft_type ({a.origin('peft_type')})", peft_type, ["LORA"],
+                                   "oomlab budgets LoRA adapters")
+        claims.say("method", Method.LORA, a.origin("peft_type") if a.has("peft_type") else file_origin(a.path, "",
+                                                                                                        None))
+        if a.has("r"):
+            claims.say("lora_rank", int_value(a.get("r"), a.origin("r")), a.origin("r"))
+        if a.has("lora_alpha"):
+            claims.say("lora_alpha", int_value(a.get("lora_alpha"), a.origin("lora_alpha")), a.origin("lora_alpha"))
+        if a.get("target_modules"):
+            claims.say("lora_targets", targets_of(a.get("target_modules")), a.origin("target_modules"))
+        unmodelled += _unmodelled_leaves(a, K.ADAPTER_KEYS)
+
+
+def _quant_claims(claims: Claims, raw: dict[str, Any], origin_of: Any) -> None:
+    method = str(raw.get("quant_method", "bitsandbytes")).lower()
+    if method != "bitsandbytes":
+        raise UnknownNameError(f"quant_method ({origin_of('quant_method')})", method, ["bitsandbytes"],
+                               "oomlab budgets bitsandbytes 4-bit NF4")
+    for key, bits in (("load_in_4bit", 4), ("load_in_8bit", 8)):
+        if raw.get(key) is True:
+            claims.say("quantization", bits, origin_of(key))
+
+
+def _defaults(claims: Claims, trainer: bool, spec: ModelSpec) -> None:
+    """What nobody stated: the HF Trainer's defaults for a Trainer script, else oomlab's assumptions."""
+    t = K.TRANSFORMERS
+    if trainer:
+        for name, value, what in (
+                ("precision", Precision.FP32.value, "TrainingArguments fp16=False, bf16=False"),
+                ("batch", 8, "TrainingArguments per_device_train_batch_size=8"),
+                ("checkpointing", False, "TrainingArguments gradient_checkpointing=False"),
+                ("optimizer", Optimizer.ADAMW_FUSED, "TrainingArguments optim='adamw_torch_fused' on torch >= 2.8")):
+            claims.say(name, value, default_origin(t, what), Strength.DEFAULT)
+    for name, value, why in (
+            ("precision", Precision.FP16_MIXED.value, "the pipeline's precision default (the seed's case)"),
+            ("batch", 1, "the pipeline's batch default"),
+            ("checkpointing", False, "the pipeline's checkpointing default"),
+            ("optimizer", Optimizer.ADAMW, "the pipeline's optimizer default"),
+            ("nodes", 1, "one node"),
+            ("seq", min(ASSUMED_SEQ, spec.max_position_embeddings),
+             f"the pipeline's seq default {ASSUMED_SEQ}, at most {spec.name}'s max_position_embeddings"),
+            ("load_dtype", ASSUMED_DTYPE, "the pipeline's dtype default (the seed's float16)"),
+            ("lora_targets", DEFAULT_LORA_TARGETS, "oomlab's LoRA targets (the attention projections)")):
+        claims.say(name, value, assumed(why), Strength.ASSUMED)
+    claims.say("attention", Attention.SDPA, default_origin(t, "attn_implementation='sdpa' where torch has it"),
+               Strength.DEFAULT)
+    claims.say("method", Method.FULL, default_origin(t, "no adapter: every parameter trains"), Strength.DEFAULT)
+    claims.say("lora_rank", 8, default_origin(K.PEFT, "LoraConfig r=8"), Strength.DEFAULT)
+    claims.say("lora_alpha", 8, default_origin(K.PEFT, "LoraConfig lora_alpha=8"), Strength.DEFAULT)
+
+
+def inputs_from_dir(folder: str | os.PathLike[str], gpu: str, gpus: int | None = None,
+                    model: str | None = None) -> LaunchInputs:
+    """The launch files of a folder, recognised by name and content: ``launch.sh``/``launch.txt`` (the command),
+    ``accelerate*.yaml``, a DeepSpeed JSON (``zero_optimization``), ``training_args.json`` (or any JSON with
+    ``per_device_train_batch_size``), ``adapter_config.json``, ``quantization_config.json``, ``config.json``."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise InvalidValueError(f"launch_dir {str(folder)!r} is not a folder of launch files")
+    found: dict[str, str] = {}
+    command = None
+    for name in LAUNCH_COMMAND_FILES:
+        if (root / name).is_file():
+            lines = [ln for ln in (root / name).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+            command = " ".join(ln.rstrip("\\").strip() for ln in lines)
+            break
+    for path in sorted(root.iterdir()):
+        if path.suffix in (".yaml", ".yml") and "accelerate" in path.name:
+            found.setdefault("accelerate_config", str(path))
+        elif path.suffix == ".json":
+            kind = _json_kind(path)
+            if kind:
+                if kind in found:
+                    raise InvalidValueError(f"launch_dir {str(folder)!r} holds two {kind} files: {found[kind]} and "
+                                            f"{path}; keep one")
+                found[kind] = str(path)
+    if model is None and "model" in found:
+        model = found.pop("model")
+    found.pop("model", None)
+    return LaunchInputs(command=command, model=model, gpu=gpu, gpus=gpus, **found)
+
+
+def _json_kind(path: Path) -> str | None:
+    if path.name == "adapter_config.json":
+        return "adapter_config"
+    if path.name == "quantization_config.json":
+        return "quantization_config"
+    data = read_json(path).data
+    if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data:
+        return "deepspeed"
+    if "per_device_train_batch_size" in data or path.name == "training_args.json":
+        return "training_args"
+    if "model_type" in data or path.name == "config.json":
+        return "model"
+    if "peft_type" in data:
+        return "adapter_config"
+    return None

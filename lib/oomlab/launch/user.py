@@ -1,0 +1,72 @@
+"""The user's setup as the pipeline starts from it: read from ``launch_dir`` when there is one, else the pipeline's
+parameters, each field stated as an assumption (its default) or as given (``-p``).  Loads no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from oomlab.core.choices import Strategy
+from oomlab.core.models import load_model
+from oomlab.core.setup import TrainingSetup, make_setup
+from oomlab.launch.origin import Sourced, assumed, flag_origin
+from oomlab.launch.read import UserLaunch
+from oomlab.launch.resolve import SETUP_ORDER, inputs_from_dir, read_launch
+
+# pipeline parameter -> setup field (the pipeline's names are the setup's, but for the load dtype)
+PARAM_FIELDS = ("gpus", "strategy", "method", "precision", "optimizer", "batch", "seq", "checkpointing", "attention",
+                "lora_rank", "lora_targets")
+
+
+def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> UserLaunch:
+    """The user's launch: ``params["launch_dir"]``'s files read (the ``model`` parameter unless the folder has a
+    config.json), else the parameters themselves -- each field "assumed" where it is the registry's default
+    (``defaults``), "given" where it differs."""
+    folder = params.get("launch_dir")
+    if folder:
+        inputs = inputs_from_dir(folder, gpu=params["gpu"], gpus=params["gpus"])
+        if inputs.model is None:
+            inputs = type(inputs)(**{**inputs.__dict__, "model": params["model"]})
+        return read_launch(inputs)
+    defaults = defaults or {}
+    spec = load_model(params["model"])
+    values = {name: params[name] for name in PARAM_FIELDS}
+    fields: dict[str, Sourced] = {}
+    for name in ("model", *PARAM_FIELDS):
+        value = params[name]
+        if name in defaults and value == defaults[name]:
+            origin = assumed(f"no launch files: the pipeline's {name} default")
+        else:
+            origin = flag_origin(f"-p {name}={value}")
+        fields[name] = Sourced(value, origin)
+    if values["strategy"] == Strategy.DDP.value and values["gpus"] == 1:
+        values["strategy"] = Strategy.SINGLE.value
+        fields["strategy"] = Sourced(Strategy.SINGLE.value, assumed("ddp on one GPU: one process (single)"))
+    setup = make_setup(model=spec, gpu=params["gpu"], **values)
+    fields["load_dtype"] = Sourced(params.get("dtype", "float16"),
+                                   assumed("the pipeline's dtype (what from_pretrained loads)"))
+    fields["zero3_init"] = Sourced(True, assumed("a ZeRO-3 launch loads under zero.Init, as the HF Trainer does"))
+    fields["lora_targets"] = Sourced(setup.lora_targets, fields["lora_targets"].origin)
+    ordered = {name: fields[name] for name in SETUP_ORDER if name in fields}
+    return UserLaunch(setup=setup, fields=ordered, deepspeed=None, launcher=None, trainer=True, command=None,
+                      unmodelled=(), files=())
+
+
+def setup_kwargs(setup: TrainingSetup) -> dict[str, Any]:
+    """The setup as the keyword arguments of the budget's variants and the plan
+    (:func:`oomlab.budget.display.seed_variants`, :func:`oomlab.remedies.plan.make_plan`), so that notebooks 02 and
+    03 budget and plan the setup notebook 01 read (``seed_setup(**setup_kwargs(s)) == s``)."""
+    return {"model": setup.model, "gpu": setup.gpu.name, "gpus": setup.gpus, "nodes": setup.nodes,
+            "strategy": setup.strategy.value, "method": setup.method.value, "precision": setup.precision.value,
+            "optimizer": setup.optimizer.value, "batch": setup.batch, "seq": setup.seq,
+            "checkpointing": setup.checkpointing, "attention": setup.attention.value, "lora_rank": setup.lora_rank,
+            "lora_alpha": setup.lora_alpha, "lora_targets": ",".join(setup.lora_targets)}
+
+
+def setup_rows(launch: UserLaunch) -> list[tuple[str, str, str]]:
+    """``(field, value, origin)`` of every field, for a table."""
+    def shown(value: Any) -> str:
+        value = getattr(value, "value", value)
+        return ",".join(value) if isinstance(value, tuple) else str(value)
+    return [(name, shown(s.value), str(s.origin)) for name, s in launch.fields.items()]
+

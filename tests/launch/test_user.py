@@ -1,0 +1,55 @@
+"""The pipeline's user setup (launch_dir or assumed parameters) and notebook 01's sentences computed from the case."""
+
+from pathlib import Path
+
+from oomlab.core.choices import Strategy
+from oomlab.launch.check import other_launches
+from oomlab.launch.origin import OriginKind
+from oomlab.launch.prose import case_intro, launch_path_reading, replica_dtype
+from oomlab.launch.user import user_launch
+from oomlab.pipeline.params import PARAMETERS, parse_params
+from oomlab.reproduction.replay import reproduce
+
+DEFAULTS = {name: p.default for name, p in PARAMETERS.items()}
+TWIN = Path(__file__).parents[1] / "fixtures" / "open-assistant"
+
+
+def test_without_files_every_field_is_an_assumption() -> None:
+    """The registry's defaults are stated as assumptions; a -p value as given."""
+    launch = user_launch(parse_params([]), DEFAULTS)
+    assert launch.setup.strategy is Strategy.DDP
+    assert all(s.origin.kind is OriginKind.ASSUMED for s in launch.fields.values())
+    given = user_launch(parse_params(["method=lora", "lora_rank=16"]), DEFAULTS)
+    assert str(given.fields["method"].origin) == "flag -p method=lora" and given.setup.lora_rank == 16
+
+
+def test_ddp_on_one_gpu_is_single() -> None:
+    """strategy ddp (the default) on one GPU is one process."""
+    launch = user_launch(parse_params(["gpus=1"]), DEFAULTS)
+    assert launch.setup.strategy is Strategy.SINGLE
+
+
+def test_launch_dir_decides() -> None:
+    """With launch_dir the twin's files decide (ZeRO-2 from zero_config.json), not the parameters."""
+    launch = user_launch(parse_params([f"launch_dir={TWIN / 'seed'}"]), DEFAULTS)
+    assert launch.setup.strategy is Strategy.ZERO2 and launch.setup.batch == 4
+    assert replica_dtype(launch) == "float16"
+
+
+def test_case_sentences_come_from_the_case() -> None:
+    """Another model's intro names that model, not the seed's; the seed's names the user's traceback."""
+    other = user_launch(parse_params(["model=llama-2-7b", "gpu=a10g", "gpus=1"]), DEFAULTS)
+    text = case_intro(other, "float16")
+    assert "llama-2-7b" in text and "llama-13b" not in text and "user's report" not in text
+    seed = user_launch(parse_params([]), DEFAULTS)
+    assert "The user's report shows this run dying" in case_intro(seed, "float16")
+
+
+def test_traceback_reading_and_other_launches() -> None:
+    """The seed's traceback proves a full-replica .to(); the assumed DDP is one of those; ZeRO-3 gets past load."""
+    seed = user_launch(parse_params([]), DEFAULTS)
+    result = reproduce(device="simulated")
+    reading = launch_path_reading(seed, result)
+    assert "the user's launcher moved a full replica" in reading and "is one of them" in reading
+    rows = {row[0]: row for row in other_launches(seed)}
+    assert rows["ddp (as launched)"][2] == "load" and rows["zero3"][2] != "load"
