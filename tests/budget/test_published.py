@@ -59,15 +59,18 @@ def test_row_maps_to_a_valid_setup_or_says_why_not(row) -> None:
 
 
 def test_not_estimated_rows_are_the_three_oomlab_lacks(comparisons) -> None:
-    """DoRA, QLoRA under FSDP CPU offload and ZeRO-3 are refused with oomlab's own message; all others estimated."""
+    """DoRA, QLoRA under FSDP CPU offload and QLoRA under ZeRO-3 are refused with oomlab's own message; the rest
+    estimated."""
     refused = {c.row.id: c.refusal for c in comparisons if c.estimate_bytes is None}
     assert refused == {
         "peft-metamathqa-2026-dora-r32-qv": "unknown method 'dora'; known: full, lora, qlora",
         "peft-docs-fsdp-qlora-offload-llama2-70b": (
             "method 'qlora' with strategy 'fsdp-offload' is not supported (4-bit weights are not offloaded by FSDP); "
             "use fsdp, fsdp2, ddp or single"),
-        "peft-docs-dsz3-qlora-llama2-70b": ("unknown strategy 'zero3'; known: ddp, fsdp, fsdp-offload, fsdp2, "
-                                            "fsdp2-offload, single, zero1, zero2"),
+        "peft-docs-dsz3-qlora-llama2-70b": (
+            "method 'qlora' with strategy 'zero3' is not budgeted (ZeRO-3 partitions bitsandbytes' 4-bit weights "
+            "stored in bnb_4bit_quant_storage containers, which oomlab does not model); "
+            "use zero1, zero2, fsdp or fsdp2"),
     }
 
 

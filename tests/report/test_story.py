@@ -122,3 +122,77 @@ def test_missing_results_name_the_notebook(tmp_path) -> None:
     """Running the report before the analyses says which notebook to run."""
     with pytest.raises(FileNotFoundError, match="run notebook 01_reproduce_oom first"):
         load_results(tmp_path)
+
+
+# ------------------------------------------------------------------------------------ wording and presentation
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("llama-13b", "llama-13b"),  # a shipped spec keeps its name
+        ("/tmp/pytest-of-root/pytest-7/case0/my-llama/config.json", "my-llama"),  # the folder names the model
+        ("/tmp/x/tiny.json", "tiny"),  # a JSON file not called config.json: its stem
+    ],
+)
+def test_model_name_of_a_path(model: str, name: str) -> None:
+    """A config.json path is shown by the model it describes, not by its (temporary) path."""
+    assert story.model_name(model) == name
+
+
+def test_model_name_reads_name_or_path(tmp_path) -> None:
+    """A config written by save_pretrained names its model in _name_or_path."""
+    folder = tmp_path / "snapshots" / "0123abcd"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"_name_or_path": "meta-llama/Llama-2-7b-hf"}))
+    assert story.model_name(str(folder / "config.json")) == "meta-llama/Llama-2-7b-hf"
+    assert story.model_name(str(folder)) == "meta-llama/Llama-2-7b-hf"
+
+
+def test_title_names_a_custom_model(out_dir) -> None:
+    """The case's model is a long temporary path; the title shows its folder's name."""
+    r = load_results(out_dir)
+    assert story.title(r) == "## Can &lt;img src=x onerror=alert(1)&gt; train on 1 × NVIDIA A10G?"
+    assert str(out_dir) not in story.title(r) + story.answer(r) + story.reproduction(r)
+
+
+@pytest.mark.parametrize(("max_batch", "text"), [(1, "micro-batch 1 only"), (2, "micro-batch up to 2"),
+                                                 (8, "micro-batch up to 8")])
+def test_micro_batches_wording(max_batch: int, text: str) -> None:
+    """Never "micro-batch up to 1"."""
+    assert story.micro_batches(max_batch) == text
+
+
+def test_each_assumption_is_stated_once(out_dir) -> None:
+    """No item repeats, and the memory outside PyTorch is one item (loading and training together)."""
+    r = load_results(out_dir)
+    items = story.assumptions(r)
+    assert len(items) == len(set(items))
+    outside = [item for item in items if "outside PyTorch" in item and "CUDA context" in item]
+    assert len(outside) == 1, outside
+    assert not any(item.startswith(story.OUTSIDE_NOTE) for item in items)
+    assert outside[0].count("while the model is moved") == 1 and "in training" in outside[0]
+
+
+def test_shell_lines_break_only_before_options() -> None:
+    """The command is continued with backslashes before an option; joined again, it is the same command."""
+    command = ("accelerate launch --config_file accelerate_ddp.yaml --num_processes 4 --mixed_precision fp16 train.py "
+               "--model huggyllama/llama-13b --method qlora --seq 2048 --batch 4 --checkpointing")
+    text = story.shell_lines(command, width=40)
+    lines = text.split(" \\\n")
+    assert len(lines) > 2 and all(line.strip().startswith(("accelerate", "--")) for line in lines)
+    assert " ".join(line.strip() for line in lines) == command
+
+
+def test_remedy_bars_mark_the_recommended(out_dir) -> None:
+    """The figure's bars are the table's rows, the recommended fix marked once."""
+    r = load_results(out_dir)
+    bars = story.remedy_bars(r)
+    rows = story.remedy_rows(r)
+    assert len(bars) >= len(rows) and bars[0].label.startswith("as configured")
+    recommended = r["plan"]["recommended"]
+    assert sum(b.chosen for b in bars) == (1 if recommended else 0)
+    if recommended:
+        chosen = next(b for b in bars if b.chosen)
+        assert chosen.label.endswith(recommended["name"])
+        assert chosen.per_gpu_peak_bytes == recommended["per_gpu_peak_bytes"]

@@ -13,10 +13,11 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
+from oomlab.budget.deepspeed import deepspeed_notes, host_offload_bytes
+from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.inventory import assemble_phases, take_inventory
 from oomlab.budget.result import BudgetResult, MemCategory, Source
 from oomlab.budget.states import (
-    DEEPSPEED_STRATEGIES,
     grad_bytes_per_param,
     optimizer_state_bytes_total,
     trainable_parameters,
@@ -30,19 +31,40 @@ from oomlab.reproduction.outside import case_outside
 ALLOCATOR_FRAGMENTATION = 0.05  # NB: reserved-but-unallocated share of transient memory (assumption)
 
 
-def host_ram_bytes(setup: TrainingSetup) -> int:
-    """Host memory per node: offloaded states, plus one copy of the weights per process while loading.
+def loads_once_per_node(setup: TrainingSetup) -> bool:
+    """Does one process per node load the weights, the others building the model empty (on ``meta``)?
 
-    NB: loading assumes each process materialises its replica once on the host (transformers'
-    from_pretrained); FSDP/ZeRO-3 loaders that load on rank 0 only need less.
+    FSDP as oomlab launches it sets accelerate's ``fsdp_cpu_ram_efficient_loading`` (and the ``sync_module_states``
+    it needs): accelerate exports ``FSDP_CPU_RAM_EFFICIENT_LOADING``, transformers' ``is_fsdp_enabled()`` then holds,
+    and ``from_pretrained`` on every rank but local rank 0 leaves the weights unmaterialised
+    (``_move_missing_keys_from_meta_to_device`` returns early, ``not is_local_dist_rank_0()``); FSDP1 broadcasts rank
+    0's units (``sync_module_states``), FSDP2 moves the model to ``meta`` and scatters rank 0's state dict
+    (``fsdp2_load_full_state_dict``).  Both skip quantized models (``not is_quantized`` in transformers,
+    ``not model_has_params4bit`` in accelerate): QLoRA loads on every rank.
     """
-    per_process_load = weight_bytes_total(setup)
+    return setup.strategy.fsdp and setup.method is not Method.QLORA
+
+
+def host_ram_bytes(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = None) -> int:
+    """Host memory per node: offloaded states, plus the copies of the weights made while loading.
+
+    NB: loading assumes each process materialises its replica once on the host (transformers' from_pretrained);
+    FSDP with ``fsdp_cpu_ram_efficient_loading`` (oomlab's FSDP launch files set it) loads once per node
+    (:func:`loads_once_per_node`).  DeepSpeed ZeRO-3 loads under ``zero.Init``: each module is partitioned onto the
+    GPU as it is built and the checkpoint is read tensor by tensor (memory-mapped safetensors; NB: page cache not
+    counted), so no process holds a replica.  DeepSpeed's offloaded states are
+    :func:`oomlab.budget.deepspeed.host_offload_bytes` per rank.
+    """
+    if setup.strategy.deepspeed:
+        load = 0 if setup.strategy.zero_stage == 3 else weight_bytes_total(setup)
+        return setup.gpus * (load + host_offload_bytes(setup, deepspeed))
+    loading_processes = 1 if loads_once_per_node(setup) else setup.gpus
     offloaded = 0
     if setup.strategy.offloads:
         p = trainable_parameters(setup)
         offloaded = (weight_bytes_total(setup) + grad_bytes_per_param(setup) * p
                      + optimizer_state_bytes_total(setup)) // setup.nodes
-    return setup.gpus * per_process_load + offloaded
+    return loading_processes * weight_bytes_total(setup) + offloaded
 
 
 _OUTSIDE: dict[tuple, Any] = {}
@@ -79,8 +101,14 @@ def launch_note(setup: TrainingSetup) -> str:
     elif setup.strategy.fsdp:
         precision = (f"{setup.precision.value} under accelerate's FSDP2: MixedPrecisionPolicy(param, reduce, output = "
                      f"{half}); trained parameters upcast to fp32 and sharded, gathered in {half}; no autocast")
-    elif setup.strategy in DEEPSPEED_STRATEGIES:
-        precision = f"{setup.precision.value} under DeepSpeed: {half} weights and an fp32 master copy"
+    elif setup.strategy.deepspeed:
+        precision = (f"{setup.precision.value} under DeepSpeed: every parameter cast to {half} in place (adapters "
+                     "too), no autocast, an fp32 master partition")
+        if setup.optimizer is Optimizer.ADAMW:
+            offloaded = "DeepSpeedCPUAdam on the host" if setup.strategy.offloads_optimizer else "FusedAdam"
+            return (f"{precision}; adamw: the DeepSpeed JSON's optimizer type AdamW ({offloaded}), in place, no "
+                    "temporary")
+        return precision + "; " + _OPTIMIZER_NOTES[setup.optimizer] + " (a client optimizer DeepSpeed wraps)"
     else:
         precision = (f"{setup.precision.value} under accelerate (or the HF Trainer): torch.autocast({half}) around the "
                      "forward over fp32 weights, their half copies cached until the forward ends; outputs converted "
@@ -93,9 +121,10 @@ def launch_note(setup: TrainingSetup) -> str:
 _LAUNCH_NOTES: dict[tuple, str] = {}
 
 
-def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None) -> BudgetResult:
-    """The analytic budget of one validated setup."""
-    inventory = take_inventory(setup)
+def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None,
+                   deepspeed: DeepSpeedSettings | None = None) -> BudgetResult:
+    """The analytic budget of one validated setup (``deepspeed``: DeepSpeed's knobs, for its strategies)."""
+    inventory = take_inventory(setup, deepspeed)
     phases = assemble_phases(setup, inventory)
     peak_phase = max(phases, key=lambda p: sum(phases[p].values()))
     at_peak = {k: v for k, v in phases[peak_phase].items() if v}
@@ -118,9 +147,14 @@ def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None) -> Bu
         outside_note,
         f"allocator overhead: {ALLOCATOR_FRAGMENTATION:.0%} of transient bytes + 2 MiB (assumption)",
     )
+    if setup.strategy.deepspeed:
+        notes += deepspeed_notes(setup, deepspeed)
+    if len(setup.model.attention_implementations()) == 1:  # make_setup took the one transformers allows
+        notes += (f"attention: {setup.attention.value}, the only implementation transformers runs for "
+                  f"{setup.model.family.value} models (whatever was asked)",)
     return BudgetResult(
         setup=setup, source=Source.ANALYTIC, peak_phase=peak_phase,
         phases=MappingProxyType({p: MappingProxyType(c) for p, c in phases.items()}),
-        components=MappingProxyType(components), host_ram_bytes=host_ram_bytes(setup),
+        components=MappingProxyType(components), host_ram_bytes=host_ram_bytes(setup, deepspeed),
         capacity_bytes=setup.gpu.total_memory_bytes, notes=notes,
     )

@@ -17,6 +17,7 @@ from oomlab.core.choices import Optimizer, Precision
 from oomlab.core.errors import OomlabError
 from oomlab.core.setup import make_setup
 from oomlab.core.units import format_size
+from oomlab.core.words import agree, count
 
 
 def render_budget(result: BudgetResult) -> str:
@@ -100,15 +101,28 @@ BYTES_PER_PARAMETER_HEADERS = ["framework", "precision", "optimizer", "weights",
 
 
 def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: str, batch: int, seq: int,
-                  checkpointing: bool, attention: str, lora_rank: int) -> list[tuple[str, dict[str, Any]]]:
-    """The user's configuration and its usual variants, as ``estimate`` keyword arguments."""
+                  checkpointing: bool, attention: str, lora_rank: int, strategy: str | None = None,
+                  method: str = "full", lora_targets: str | None = None, nodes: int = 1, lora_alpha: int = 16
+                  ) -> list[tuple[str, dict[str, Any]]]:
+    """The configuration as given (by default a full replica per GPU) and its usual variants, as ``estimate``
+    keyword arguments; on one GPU no sharded variant (FSDP over one GPU is the single-GPU run)."""
     base = {"model": model, "gpu": gpu, "gpus": gpus, "precision": precision, "optimizer": optimizer,
             "batch": batch, "seq": seq, "checkpointing": checkpointing, "attention": attention,
-            "lora_rank": lora_rank}
+            "lora_rank": lora_rank, **({"nodes": nodes} if nodes != 1 else {}),
+            **({"lora_alpha": lora_alpha} if lora_alpha != 16 else {}),
+            **({"lora_targets": lora_targets} if lora_targets else {})}  # the user's targets for every LoRA row
     ddp = "ddp" if gpus > 1 else "single"
-    return [
-        (f"as configured: full fine-tune, a replica per GPU ({ddp})", {**base, "strategy": ddp, "method": "full"}),
-        (f"accelerate FSDP (FSDP1) full shard over {gpus} GPUs", {**base, "strategy": "fsdp", "method": "full"}),
+    given = ddp if strategy is None or (gpus == 1 and strategy == "ddp") else strategy
+    trains = {"full": "full fine-tune", "lora": f"LoRA r{lora_rank}", "qlora": f"QLoRA r{lora_rank}"}.get(method,
+                                                                                                        method)
+    first = (f"as configured: full fine-tune, a replica per GPU ({ddp})" if (given, method) == (ddp, "full")
+             else f"as configured: {trains}, {given}" + (", checkpointing" if checkpointing else ""))
+    configured = {**base, "strategy": given, "method": method}
+    variants = [
+        (first, configured),
+        (f"full fine-tune, a replica per GPU ({ddp})", {**base, "strategy": ddp, "method": "full"}),
+        (f"accelerate FSDP (FSDP1) full shard over {count(gpus, 'GPU')}",
+         {**base, "strategy": "fsdp", "method": "full"}),
         (f"accelerate FSDP (FSDP1) over {gpus} + checkpointing",
          {**base, "strategy": "fsdp", "method": "full", "checkpointing": True}),
         (f"accelerate FSDP2 over {gpus} + checkpointing",
@@ -121,6 +135,9 @@ def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: st
         (f"LoRA + checkpointing, accelerate FSDP (FSDP1) over {gpus}",
          {**base, "strategy": "fsdp", "method": "lora", "checkpointing": True}),
     ]
+    if gpus == 1:  # sharding over one GPU: the single-GPU run again (its offload variant stays)
+        variants = [v for v in variants if v[1]["strategy"] not in ("fsdp", "fsdp2")]
+    return [variants[0]] + [v for v in variants[1:] if v[1] != configured]  # the configured one once
 
 
 def budget_variants(variants: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, BudgetResult]]:
@@ -160,19 +177,21 @@ def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
     breaking = seed.breaking_component
     fitting = [(lbl, r) for lbl, r in results if r.fits]
     lines = [
-        f"**As configured** ({label}) one training step needs {format_size(seed.per_gpu_peak_bytes)} on each "
+        f"**As configured** ({label.removeprefix('as configured: ')}) one training step needs "
+        f"{format_size(seed.per_gpu_peak_bytes)} on each "
         f"{gpu.display_name} of {format_size(seed.capacity_bytes)}: "
         + ("it fits." if seed.fits else
            f"it does not fit, short by {format_size(-seed.headroom_bytes)}; the largest component is "
            f"{breaking.value} ({format_size(seed.components[breaking])}) and the peak falls in the "
            f"{seed.peak_phase.value} phase."),
-        f"The {gpus} GPUs do not pool their memory: each process holds what the strategy puts on it, so the "
-        f"question is always per GPU.",
+        (f"The {gpus} GPUs do not pool their memory: each process holds what the strategy puts on it, so the "
+         "question is always per GPU." if gpus > 1 else "One GPU: the question is whether one GPU holds the step."),
     ]
     if fitting:
         best = min(fitting, key=lambda lr: lr[1].per_gpu_peak_bytes)
         lines.append(
-            f"{len(fitting)} of the {len(results)} variants fit; the leanest is *{best[0]}* at "
+            f"{len(fitting)} of the {count(len(results), 'variant')} {agree(len(fitting), 'fits')}; the leanest is "
+            f"*{best[0]}* at "
             f"{format_size(best[1].per_gpu_peak_bytes)} per GPU ({format_size(best[1].headroom_bytes)} to spare)."
         )
     else:

@@ -18,6 +18,7 @@ from typing import Any
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import known_gpus
 from oomlab.core.paths import SPECS_DIR
+from oomlab.core.units import format_size, parse_memory_size, parse_size
 
 PRICES_JSON = SPECS_DIR / "prices.json"
 REQUIRED = ("provider", "instance", "gpu", "gpus_per_instance", "usd_per_hour")
@@ -115,3 +116,52 @@ def _read(path: Path, where: str) -> PriceTable:
     source = where if path != PRICES_JSON else (
         "on-demand list prices from SkyPilot's catalog snapshots (" + raw.get("_source_date", "undated") + ")")
     return PriceTable(rows, source)
+
+
+HOST_RAM_AUTO = "auto"  # the host_ram value that asks for the assumed host RAM of the GPUs' machine
+SEED_HOST_RAM = "192GiB"  # the seed's machine: AWS g4dn.12xlarge, 4 x T4 (the fallback when no instance is listed)
+SEED_HOST_SOURCE = "the seed's AWS g4dn.12xlarge (4 x T4) has 192 GiB"
+
+
+@dataclass(frozen=True)
+class HostRam:
+    """Host RAM per node: given by the user, or assumed from the instance that carries these GPUs."""
+
+    host_ram_bytes: int
+    source: str  # one sentence: where the figure comes from
+    assumed: bool  # True unless the user gave it
+
+    @property
+    def text(self) -> str:
+        if not self.assumed:
+            return f"host RAM {format_size(self.host_ram_bytes)} per node (given)"
+        return (f"host RAM {format_size(self.host_ram_bytes)} per node (an assumption: {self.source}; set host_ram to "
+                "your machine's)")
+
+
+def assumed_host_ram(gpu: str, gpus: int, table: PriceTable | None = None) -> HostRam:
+    """The host RAM of the machine most likely behind ``gpus`` x ``gpu``: the listed instance with exactly that many
+    GPUs (:meth:`PriceTable.host_for`), else the smallest listed one with more of them, else the seed's machine."""
+    table = table or load_prices()
+    where = "specs/prices.json" if table is _shipped() else table.source
+    found = table.host_for(gpu, gpus)
+    if found is not None and found.host_ram_bytes:
+        return HostRam(found.host_ram_bytes, f"{found.label} ({found.gpus_per_instance} x {gpu}) has "
+                                             f"{format_size(found.host_ram_bytes)}, in {where}", True)
+    bigger = [i for i in table.for_gpu(gpu) if i.gpus_per_instance > gpus and i.host_ram_bytes]
+    if bigger:
+        i = min(bigger, key=lambda i: (i.gpus_per_instance, i.usd_per_hour, i.label))
+        return HostRam(int(i.host_ram_bytes or 0), f"no {gpus} x {gpu} instance is listed; the smallest with more, "
+                                                   f"{i.label} ({i.gpus_per_instance} x {gpu}), has "
+                                                   f"{format_size(i.host_ram_bytes or 0)}, in {where}", True)
+    return HostRam(parse_size(SEED_HOST_RAM), f"no {gpu} instance is listed in the price table; "
+                                              f"{SEED_HOST_SOURCE}", True)
+
+
+def resolve_host_ram(host_ram: str | int | None, gpu: str, gpus: int) -> HostRam:
+    """``host_ram`` as given (a size with its unit, or an integer of bytes), or, for ``None`` / ``"auto"``,
+    :func:`assumed_host_ram`."""
+    if host_ram is None or (isinstance(host_ram, str) and host_ram.strip().lower() == HOST_RAM_AUTO):
+        return assumed_host_ram(gpu, gpus)
+    given = host_ram if isinstance(host_ram, int) and not isinstance(host_ram, bool) else parse_memory_size(host_ram)
+    return HostRam(given, "given", False)

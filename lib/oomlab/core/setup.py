@@ -13,11 +13,31 @@ from typing import Any
 from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, choice
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import GPUSpec, load_gpu
-from oomlab.core.models import PROJECTIONS, ModelSpec, load_model
+from oomlab.core.models import ALL_LINEAR, PROJECTIONS, ModelSpec, load_model
 
+# LLaMA's names for the attention projections; in a family that names them otherwise (GPT-NeoX's query_key_value and
+# dense, Phi-3's qkv_proj and o_proj, ...) the default means that family's attention projections
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 DEFAULT_HOST_RAM = "192GiB"  # NB: assumption -- a 4 x T4 AWS g4dn.12xlarge has 192 GiB of host memory
-LORA_TARGET_CHOICES = PROJECTIONS
+LORA_TARGET_CHOICES = (*PROJECTIONS, ALL_LINEAR)  # LLaMA's; every family's own: ModelSpec.lora_target_names
+
+
+def lora_targets_for(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[str, ...]:
+    """The module names LoRA targets in ``spec``'s model: the family's own, ``all-linear`` as peft defines it (every
+    nn.Linear but the output layer), the default as the family's attention projections; an unknown name is refused
+    with the model's real ones."""
+    names = spec.lora_target_names
+    if not targets:
+        raise InvalidValueError(f"LoRA needs target modules; {spec.name} has {', '.join(names)} (or {ALL_LINEAR})")
+    if ALL_LINEAR in targets:
+        return names
+    if targets == DEFAULT_LORA_TARGETS and not set(targets) <= set(names):
+        return spec.attention_projections
+    for target in targets:
+        if target not in names:
+            raise UnknownNameError("LoRA target module", target, [*names, ALL_LINEAR],
+                                   f"the nn.Linear modules of {spec.name}'s {spec.family.value} layers")
+    return targets
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,9 @@ def validate(setup: TrainingSetup) -> TrainingSetup:
             f"invalid seq {setup.seq}; {setup.model.name} has max_position_embeddings "
             f"{setup.model.max_position_embeddings}: use a sequence length up to that (or a config.json whose "
             "max_position_embeddings allows more)")
+    allowed = setup.model.attention_implementations()
+    if setup.attention.value not in allowed:  # NB: as transformers picks for the family (Gemma-2: eager; no SDPA)
+        setup = replace(setup, attention=Attention(allowed[0]))
     if setup.precision.uses_bf16 and not setup.gpu.bf16:
         cc = ".".join(map(str, setup.gpu.compute_capability))
         raise InvalidValueError(
@@ -85,20 +108,48 @@ def validate(setup: TrainingSetup) -> TrainingSetup:
             "method 'qlora' computes in half precision over a 4-bit base; precision 'fp32' is not a QLoRA "
             "setup: use fp16-mixed (or bf16-mixed where the GPU has bf16)"
         )
+    # Checked whatever the method: the plan builds its LoRA remedies from this rank.
+    if not isinstance(setup.lora_rank, bool) and isinstance(setup.lora_rank, int) \
+            and setup.lora_rank > setup.model.hidden_size:
+        raise InvalidValueError(
+            f"invalid LoRA rank {setup.lora_rank}; {setup.model.name} has hidden size {setup.model.hidden_size}: "
+            f"use a rank from 1 to {setup.model.hidden_size} (a larger rank adds more parameters than the full "
+            "weight matrix it adapts)")
     if setup.method in (Method.LORA, Method.QLORA):
         if setup.lora_rank < 1:
             raise InvalidValueError(f"invalid LoRA rank {setup.lora_rank}; must be >= 1")
-        if not setup.lora_targets:
-            raise InvalidValueError(f"LoRA needs target modules; choose from {', '.join(LORA_TARGET_CHOICES)}")
-        for target in setup.lora_targets:
-            if target not in LORA_TARGET_CHOICES:
-                raise UnknownNameError("LoRA target module", target, LORA_TARGET_CHOICES)
+        targets = lora_targets_for(setup.model, setup.lora_targets)
+        if targets != setup.lora_targets:
+            setup = replace(setup, lora_targets=targets)
+    if setup.strategy.deepspeed:
+        _validate_deepspeed(setup)
     if setup.method is Method.QLORA and setup.strategy.offloads:
         raise InvalidValueError(
             f"method 'qlora' with strategy '{setup.strategy.value}' is not supported (4-bit weights are not "
             "offloaded by FSDP); use fsdp, fsdp2, ddp or single"
         )
     return setup
+
+
+def _validate_deepspeed(setup: TrainingSetup) -> None:
+    """What DeepSpeed cannot run, or oomlab does not budget, under a ZeRO strategy."""
+    name = setup.strategy.value
+    if setup.precision in (Precision.FP16, Precision.BF16):
+        mixed = "bf16-mixed" if setup.precision is Precision.BF16 else "fp16-mixed"
+        raise InvalidValueError(
+            f"precision {setup.precision.value!r} with strategy {name!r}: DeepSpeed's fp16/bf16 always keep an fp32 "
+            f"master partition (no pure half optimizer states); that is precision {mixed!r}"
+        )
+    if setup.method is Method.QLORA and setup.strategy.zero_stage == 3:
+        raise InvalidValueError(
+            f"method 'qlora' with strategy {name!r} is not budgeted (ZeRO-3 partitions bitsandbytes' 4-bit weights "
+            "stored in bnb_4bit_quant_storage containers, which oomlab does not model); use zero1, zero2, fsdp or fsdp2"
+        )
+    if setup.optimizer is Optimizer.ADAMW_8BIT and setup.strategy.offloads_optimizer:
+        raise InvalidValueError(
+            f"optimizer 'adamw-8bit' with strategy {name!r}: an offloaded DeepSpeed step runs DeepSpeedCPUAdam with "
+            "fp32 states; use adamw (or a strategy without offload)"
+        )
 
 
 def make_setup(

@@ -8,10 +8,12 @@ from typing import Any
 
 from oomlab.core.choices import Method
 from oomlab.core.gpus import load_gpu
+from oomlab.core.seed import SEED_GPU, SEED_GPUS, SEED_MODEL
 from oomlab.core.units import format_signed_size, format_size
+from oomlab.core.words import count
 from oomlab.remedies.knobs import KnobChange
 from oomlab.remedies.placement import DeviceMapPlacement, layer_index
-from oomlab.remedies.plan import Plan
+from oomlab.remedies.plan import Outcome, Plan
 from oomlab.remedies.remedy import Remedy, launcher
 
 
@@ -65,6 +67,50 @@ def placement_rows(placement: DeviceMapPlacement) -> list[tuple[Any, ...]]:
     return rows
 
 
+def configured_words(model: str, gpu: str, gpus: int) -> str:
+    """How the plan names the configuration it starts from: the user's (the seed report's case), else as given."""
+    return "the user's configuration" if (model, gpu, gpus) == (SEED_MODEL, SEED_GPU, SEED_GPUS) else \
+        "the configuration as given"
+
+
+def heading(plan: Plan) -> str:
+    """Notebook 03's question for the case at hand, as a Markdown line: which configuration trains this model on
+    these GPUs, and what the configuration as given does."""
+    gpu = load_gpu(plan.gpu).display_name
+    seed = plan.seed
+    who = configured_words(plan.model, plan.gpu, plan.gpus)
+    run = (f"{seed.strategy.value if seed.strategy.value != 'single' else 'one process'}, "
+           f"{seed.method.value} fine-tuning, {seed.precision.value}, {seed.optimizer.value}")
+    state = "fits" if seed.fits else "does not fit" + (" (notebook 01 reproduced why)" if "fails before training"
+                                                       in seed.reason else "")
+    return (f"**Which configuration trains {plan.model} on {plan.nodes * plan.gpus} × {gpu}?** {who.capitalize()} "
+            f"({run}) {state}.")
+
+
+def verdict(plan: Plan) -> str:
+    """The plan's outcome in one Markdown sentence, every figure from the plan: a fix, host RAM the only obstacle
+    (never "nothing fits" then), only harmful changes, or nothing."""
+    gpu = load_gpu(plan.gpu).display_name
+    where = f"{plan.nodes * plan.gpus} × {gpu}"
+    outcome = plan.outcome
+    if outcome is Outcome.FITS:
+        return f"**It fits as configured** on {where}."
+    if outcome is Outcome.FIXED:
+        rec = plan.recommended or plan.remedies[0]
+        why = "" if rec is plan.remedies[0] else f" ({plan.recommendation_note})"
+        return f"**It fits with a change:** {rec.name} on {where}{why}."
+    if outcome is Outcome.HOST_RAM:
+        best = plan.host_ram_short[0]
+        return (f"**It fits the GPUs but not the assumed host RAM — set `host_ram`.** {len(plan.host_ram_short)} "
+                f"sound remedies fit every GPU of {where}, but need more host RAM than "
+                f"{format_size(plan.host_ram_bytes)} ({plan.host_ram_source}); the least, {best.name}, needs "
+                f"{format_size(best.host_ram_bytes or 0)} per node.")
+    if outcome is Outcome.HARMFUL_ONLY:
+        return (f"**It fits {where} only with harmful changes** (pure half precision without master weights, or "
+                "SGD): no sound configuration oomlab knows fits.")
+    return f"**No configuration oomlab knows fits {where}**, on the GPUs or in host RAM."
+
+
 def render_plan(plan: Plan, top: int = 15) -> str:
     """Plain text for the CLI: the user's configuration, the ranked remedies, the knob table, the assumptions."""
     lines = [f"{plan.model} on {plan.nodes * plan.gpus} x {plan.gpu}, seq {plan.seq}, host RAM "
@@ -77,16 +123,20 @@ def render_plan(plan: Plan, top: int = 15) -> str:
         lines.append(f"      fits {fits}; per-GPU peak {peak}; headroom {head}; host RAM {host}; max micro-batch "
                      f"{mb}; max seq {ms}; tokens/s {tps}")
         lines.append(f"      {why}")
-    lines += ["", "the configuration that determines the result (the user's with one or two knobs changed):"]
+    who = configured_words(plan.model, plan.gpu, plan.gpus).removesuffix(" configuration").removesuffix(
+        " as given")
+    lines += ["", f"the configuration that determines the result ({who}, one or two knobs changed):"]
     for change, peak, _host, fits, why in knob_rows(plan.knobs):
         lines.append(f"  {change:<52} {peak:>12}  {fits:<3}  {why}")
     rec = plan.recommended
-    lines += ["", f"recommended: {rec.name if rec else 'none fits'}"]
+    lines += ["", f"verdict: {plan.outcome.value}", f"recommended: {rec.name if rec else 'none'}"
+              + (f" ({plan.recommendation_note})" if rec else "")]
     if rec and rec.config_files:
         lines.append("  launch files: " + ", ".join(rec.config_files) + " (python -m oomlab plan --write-configs)")
     lines += ["", "dropped:"] + [f"  {r.name}: {r.reason}" for r in plan.dropped[:5]]
     if len(plan.dropped) > 5:
         lines.append(f"  ... and {len(plan.dropped) - 5} more with the same reasons")
+    lines += ["", "notes:"] + [f"  - {n}" for n in plan.notes] if plan.notes else []
     lines += ["", "assumptions:"] + [f"  - {a}" for a in plan.assumptions] + [f"  - {plan.seq_note}"]
     return "\n".join(lines)
 
@@ -95,12 +145,18 @@ def summarize(plan: Plan) -> str:
     """The answer in plain words (Markdown), every figure from the plan."""
     seed, rec = plan.seed, plan.recommended
     gpu = load_gpu(plan.gpu)
+    who = configured_words(plan.model, plan.gpu, plan.gpus)
+    example = f", e.g. bf16 on the {gpu.display_name}" if not gpu.bf16 else ""
     lines = [
-        f"**The user's configuration does not fit.** {seed.reason}." if not seed.fits else
-        f"**The user's configuration fits**: {seed.reason}.",
+        f"**{who.capitalize()} does not fit.** {seed.reason}." if not seed.fits else
+        f"**{who.capitalize()} fits**: {seed.reason}.",
+        verdict(plan),
         f"Of {len(plan.remedies)} configurations budgeted ({len(plan.dropped)} more dropped because the "
-        f"{gpu.display_name} or the libraries cannot run them, e.g. bf16), {len(plan.fitting)} fit on "
-        f"{plan.nodes * plan.gpus} × {gpu.display_name} with {format_size(plan.host_ram_bytes)} of host RAM.",
+        f"{gpu.display_name} or the libraries cannot run them{example}), {len(plan.fitting)} fit on "
+        f"{plan.nodes * plan.gpus} × {gpu.display_name} with {format_size(plan.host_ram_bytes)} of host RAM ("
+        + ("given" if not plan.host_ram_assumed else f"an assumption: {plan.host_ram_source}; set `host_ram` to "
+           "your machine's") + ").",
+        *plan.notes,
     ]
     full = [r for r in plan.fitting if r.method is Method.FULL]
     sound_full = [r for r in full if r.recommendable]
@@ -108,7 +164,8 @@ def summarize(plan: Plan) -> str:
         closest = min((r for r in plan.remedies if r.method is Method.FULL and not any(
             c.harmful for c in r.caveats)), key=lambda r: r.per_gpu_peak_bytes or 0, default=None)
         if closest is not None:
-            lines.append(f"**Full fine-tuning does not fit** with fp32 master weights and AdamW: the closest, "
+            outcome = "fits the GPUs but not the host RAM" if closest.gpu_fits else "does not fit"
+            lines.append(f"**Full fine-tuning {outcome}** with fp32 master weights and AdamW: the closest, "
                          f"{closest.name}, {closest.reason}." + (
                              f" {len(full)} full fine-tuning variants fit only by dropping master weights or AdamW."
                              if full else ""))
@@ -117,20 +174,22 @@ def summarize(plan: Plan) -> str:
             f"**Recommended: {rec.name}.** {rec.reason}; host RAM {format_size(rec.host_ram_bytes or 0)}; up to "
             f"micro-batch {rec.max_batch} at {plan.seq} tokens, or {rec.max_seq} tokens at micro-batch 1; about "
             f"{rec.tokens_per_s:,.0f} tokens/s under the stated assumptions. It "
-            + "; it ".join(c.text for c in rec.caveats) + ".")
+            + "; it ".join(c.text for c in rec.caveats) + "." + (f" Why this one: {plan.recommendation_note}."
+                                                                  if rec is not plan.remedies[0] else ""))
     knobs_fit = [k for k in plan.knobs if k.fits and len(k.changes) == 1]
     if knobs_fit:
-        lines.append("Single changes to the user's configuration that make it fit: " + "; ".join(
+        lines.append(f"Single changes to {who} that make it fit: " + "; ".join(
             f"{knob_change_text(k)} ({format_signed_size(k.per_gpu_peak_bytes)} per GPU)" for k in knobs_fit) + ".")
     else:
         pairs = [k for k in plan.knobs if k.fits]
-        lines.append("No single change to the user's configuration makes it fit; "
+        lines.append(f"No single change to {who} makes it fit; "
                      + (f"{len(pairs)} pairs do, e.g. " + "; ".join(
                          f"{knob_change_text(k)} ({format_signed_size(k.per_gpu_peak_bytes)})" for k in pairs[:4])
                         + "." if pairs else "no pair does either."))
     dm = plan.device_map
     if dm is not None:
-        lines.append(f"accelerate's `device_map=\"auto\"` splits the layers over {len(dm.gpus)} GPUs (most loaded: "
-                     f"{format_size(dm.per_gpu_peak_bytes)}), but runs them one at a time: {len(dm.gpus)} GPUs "
-                     f"train at one GPU's speed.")
+        lines.append(f"accelerate's `device_map=\"auto\"` splits the layers over {count(len(dm.gpus), 'GPU')} "
+                     f"(most loaded: {format_size(dm.per_gpu_peak_bytes)}), but runs them one at a time: "
+                     f"{count(len(dm.gpus), 'GPU')} {'train' if len(dm.gpus) > 1 else 'trains'} at one "
+                     "GPU's speed.")
     return "\n\n".join(lines)

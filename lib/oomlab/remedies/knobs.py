@@ -14,9 +14,12 @@ from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.remedies.remedy import Evaluator, reason
 
 DEVICE_MAP_KNOB = Route.DEVICE_MAP.value  # the "strategy" knob's value for accelerate's device_map route
+# on one GPU these run what `single` runs (sharding or replicating over one GPU, device_map onto it): not knobs
+ONE_GPU_SKIPPED = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp2", DEVICE_MAP_KNOB)
 
 KNOB_VALUES: dict[str, tuple[Any, ...]] = {
-    "strategy": ("single", "zero1", "zero2", "fsdp", "fsdp-offload", "fsdp2", "fsdp2-offload", DEVICE_MAP_KNOB),
+    "strategy": ("single", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload", "fsdp", "fsdp-offload",
+                 "fsdp2", "fsdp2-offload", DEVICE_MAP_KNOB),
     "method": ("lora", "qlora"),
     "precision": ("fp32", "fp16", "bf16-mixed", "bf16"),
     "optimizer": ("adamw", "adamw-fused", "adamw-8bit", "sgd"),
@@ -73,7 +76,8 @@ def knob_table(base: TrainingSetup, host_ram_bytes: int, outside_bytes: int | No
                evaluator: Evaluator | None = None) -> tuple[KnobChange, ...]:
     """Single-knob changes of ``base``, then every pair that fits although neither of its changes fits alone."""
     ev_fn = evaluator or Evaluator(host_ram_bytes, outside_bytes)
-    singles = [(k, v) for k, values in KNOB_VALUES.items() for v in values if _current(base, k) != v]
+    singles = [(k, v) for k, values in KNOB_VALUES.items() for v in values if _current(base, k) != v
+               and not (k == "strategy" and base.world_size == 1 and v in ONE_GPU_SKIPPED)]
 
     def row(changes: tuple[tuple[str, Any], ...]) -> KnobChange:
         shown = tuple(_shown(k, v) for k, v in changes)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from oomlab.budget.analytic import estimate_setup
-from oomlab.budget.result import BudgetResult, MemCategory
+from oomlab.budget.result import BudgetResult, MemCategory, Phase
 from oomlab.core.choices import Strategy
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.modeling import build_meta_model
@@ -31,11 +32,12 @@ class GPUPlacement:
     modules: tuple[str, ...]
     layers: tuple[int, ...]  # decoder layer indices
     weight_bytes: int  # the placed modules' parameters in the meta model's dtype
-    peak_bytes: int  # the training step's peak on this GPU (budget components shared out, + outside PyTorch)
+    peak_bytes: int  # the training step's peak on this GPU (every phase shared out, the largest; + outside PyTorch)
+    holds_lm_head: bool = False  # the LM head (and so the logits and the loss) lives here
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "modules": list(self.modules), "layers": list(self.layers),
-                "weight_bytes": self.weight_bytes, "peak_bytes": self.peak_bytes}
+                "weight_bytes": self.weight_bytes, "peak_bytes": self.peak_bytes, "holds_lm_head": self.holds_lm_head}
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,28 @@ def layer_index(name: str) -> int | None:
     return None
 
 
+def _covers(placed: str, name: str) -> bool:
+    """Is module ``name`` inside the placed module ``placed`` (accelerate's ``""`` is the whole model)?"""
+    return placed == "" or name == placed or name.startswith(placed + ".")
+
+
+def covered_layers(placed: tuple[str, ...], sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """The decoder layers inside the placed modules: a layer itself, or every layer of a placed parent
+    (``{"": 0}``, what accelerate returns when the whole model fits one GPU, holds all of them)."""
+    found = {i for i in map(layer_index, placed) if i is not None}
+    for name in sizes:
+        i = layer_index(name)
+        if i is not None and name.endswith(f"layers.{i}") and any(_covers(p, name) for p in placed):
+            found.add(i)
+    return tuple(sorted(found))
+
+
+def holds_head(placed: tuple[str, ...], sizes: Mapping[str, int]) -> bool:
+    """Do the placed modules hold the LM head (the module itself or a parent of it)?"""
+    heads = [n for n in sizes if n == "lm_head" or n.endswith(".lm_head")] or ["lm_head"]
+    return any(_covers(p, h) for p in placed for h in heads)
+
+
 def share_out(components: Mapping[MemCategory, int], weight_bytes: int, layers: int, holds_lm_head: bool,
               setup: TrainingSetup, total_weight_bytes: int) -> int:
     """One GPU's share of a single-GPU budget's ``components``: weights, gradients, optimizer state and workspace
@@ -123,6 +147,27 @@ def share_out(components: Mapping[MemCategory, int], weight_bytes: int, layers: 
         else:
             peak += round(value * weight_bytes / total_weight_bytes)
     return peak
+
+
+def phase_components(result: BudgetResult) -> dict[Phase, dict[MemCategory, int]]:
+    """Each phase of a single-GPU budget with what ``memory_allocated`` does not see added (the allocator's
+    overhead and the memory outside PyTorch, as at the budget's peak)."""
+    extra = {k: result.components.get(k, 0) for k in (MemCategory.ALLOCATOR_OVERHEAD, MemCategory.OUTSIDE_PYTORCH)}
+    return {phase: {**dict(comps), **extra} for phase, comps in result.phases.items()}
+
+
+def gpu_peak(result: BudgetResult, weight_bytes: int, layers: int, holds_lm_head: bool, setup: TrainingSetup,
+             total_weight_bytes: int) -> int:
+    """One GPU's peak: every phase of the single-GPU budget shared out, the largest.
+
+    Each GPU peaks in its own phase: the LM head's GPU in the forward's end (the logits and the loss), the others
+    where their layers' share is largest (with checkpointing, the recompute in backward).  Taking only the single
+    budget's peak phase would drop the logits from the head's GPU whenever the recompute phase is the larger.
+    NB: a recomputed layer's own activations and workspace are shared out like the rest, not put whole on the GPU
+    that recomputes it.
+    """
+    return max(share_out(comps, weight_bytes, layers, holds_lm_head, setup, total_weight_bytes)
+               for comps in phase_components(result).values())
 
 
 def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -> DeviceMapPlacement:
@@ -143,12 +188,14 @@ def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -
     model, sizes = _meta_module_sizes(setup.model)
     comps = result.components
     outside = comps.get(MemCategory.OUTSIDE_PYTORCH, 0)
-    logits = comps.get(MemCategory.LOGITS_LOSS, 0)
+    logits = max(phase.get(MemCategory.LOGITS_LOSS, 0) for phase in result.phases.values())  # the head's GPU
     per_weight = (result.per_gpu_peak_bytes - outside - logits) / max(1, sizes[""])
     usable = setup.gpu.total_memory_bytes - outside - logits
     scaled = {i: max(0, int(usable / per_weight)) for i in range(setup.gpus)}
     # quiet: accelerate says "Device 0 is not available": there is no GPU here, by design
-    with quiet_libraries():
+    # and, when layers spill, that their buffers may not fit a GPU: the spill itself is what the remedy reports
+    with quiet_libraries(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Current model requires .* bytes of buffer for offloaded layers")
         with _memoised_sizes():
             balanced = get_balanced_memory(model, max_memory=dict(scaled), no_split_module_classes=list(NO_SPLIT),
                                            dtype="float16")
@@ -156,7 +203,6 @@ def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -
             device_map = infer_auto_device_map(model, max_memory={**balanced, "cpu": 1 << 62},
                                                no_split_module_classes=list(NO_SPLIT), dtype="float16")
     weights_total = sizes[""]
-    lm_device = device_map.get("lm_head", next(reversed(device_map.values())))
     per_device: dict[Any, list[str]] = {}
     for name, device in device_map.items():
         per_device.setdefault(device, []).append(name)
@@ -164,9 +210,10 @@ def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -
     for device in range(setup.gpus):
         names = tuple(per_device.get(device, ()))
         wbytes = sum(sizes.get(n, 0) for n in names)
-        layers = tuple(sorted(i for i in map(layer_index, names) if i is not None))
-        peak = share_out(comps, wbytes, len(layers), device == lm_device, setup, weights_total)
-        gpus.append(GPUPlacement(device, names, layers, wbytes, peak if names else outside))
+        layers = covered_layers(names, sizes)
+        head = holds_head(names, sizes)
+        peak = gpu_peak(result, wbytes, len(layers), head, setup, weights_total)
+        gpus.append(GPUPlacement(device, names, layers, wbytes, peak if names else outside, head))
     spilled = tuple(n for d, ns in per_device.items() if not isinstance(d, int) for n in ns)
     return DeviceMapPlacement(setup, {**scaled}, tuple(gpus), spilled)
 
@@ -174,6 +221,5 @@ def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -
 def replace_peak(placement: DeviceMapPlacement, result: BudgetResult) -> int:
     """The peak of the most loaded GPU for a new single-GPU budget, with the placement kept."""
     _, sizes = _meta_module_sizes(placement.setup.model)
-    last = max((g for g in placement.gpus if g.modules), key=lambda g: "lm_head" in g.modules)
-    return max(share_out(result.components, g.weight_bytes, len(g.layers), g is last, placement.setup, sizes[""])
+    return max(gpu_peak(result, g.weight_bytes, len(g.layers), g.holds_lm_head, placement.setup, sizes[""])
                for g in placement.gpus if g.modules)

@@ -1,16 +1,19 @@
 """Remediations: every realistic way to train a model on the given GPUs, budgeted, ranked and explained.
 
-:func:`make_plan` enumerates strategy × method × precision × optimizer × checkpointing (offload is the
-``fsdp-offload`` strategy) plus accelerate's ``device_map="auto"`` route, drops what the hardware cannot run (with
-:func:`oomlab.core.setup.make_setup`'s own message), budgets each (:mod:`.remedy`), searches the largest micro-batch
-and the longest sequence that fit, estimates throughput (:mod:`.throughput`), and ranks the remedies that fit by
-tokens per second.  :func:`oomlab.remedies.knobs.knob_table` starts from the user's configuration and changes one
-knob, then two: "the configuration that determines the result".
+:func:`make_plan` enumerates strategy × method × precision × optimizer × checkpointing (offload is a strategy:
+``fsdp-offload``, ``fsdp2-offload``, DeepSpeed's ``zero2-offload`` and ``zero3-offload``; the ZeRO stages run with
+the knobs the HF integration resolves ``"auto"`` to) plus accelerate's ``device_map="auto"`` route, drops what the
+hardware cannot run (with :func:`oomlab.core.setup.make_setup`'s own message), budgets each (:mod:`.remedy`), searches
+the largest micro-batch and the longest sequence that fit, estimates throughput (:mod:`.throughput`), and ranks the
+remedies that fit by tokens per second.  :func:`oomlab.remedies.knobs.knob_table` starts from the user's
+configuration and changes one knob, then two: "the configuration that determines the result".
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,14 +21,37 @@ from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ModelSpec, load_model
-from oomlab.core.setup import DEFAULT_HOST_RAM, TrainingSetup, make_setup
-from oomlab.core.units import format_size, parse_size
+from oomlab.core.prices import HOST_RAM_AUTO, resolve_host_ram
+from oomlab.core.setup import DEFAULT_LORA_TARGETS, TrainingSetup, make_setup
+from oomlab.core.units import format_size
 from oomlab.remedies.knobs import KnobChange, knob_table
+from oomlab.remedies.launch_files import files_for
 from oomlab.remedies.placement import DeviceMapPlacement, place_device_map
-from oomlab.remedies.remedy import MAX_BATCH_SEARCH, Evaluator, Remedy, dropped_remedy, evaluate_remedy
+from oomlab.remedies.remedy import MAX_BATCH_SEARCH, Evaluator, Remedy, caveats, dropped_remedy, evaluate_remedy
 from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, describe_assumptions
 from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.walk import unlimited_walk
+
+# on one GPU these launch what `single` launches (a process group of one: nothing to replicate, shard or reduce);
+# the offload strategies stay, as they move states to the host
+MULTI_GPU_ONLY = frozenset({Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP,
+                            Strategy.FSDP2})
+ONE_GPU_NOTE = ("one GPU: DDP, DeepSpeed ZeRO-1/2/3, FSDP1/FSDP2 full shard and device_map='auto' are left out (over "
+                "one GPU each runs what the single-GPU launch runs); the CPU-offload strategies stay")
+
+
+SEED_ROW_PREFIX = "as configured: "  # the user's configuration's row
+HEADROOM_GAIN = 0.10  # a remedy about as fast is preferred for its headroom when it leaves this share of the GPU more
+
+
+class Outcome(enum.Enum):
+    """The plan's verdict, one per case."""
+
+    FITS = "fits as configured"  # the user's configuration fits the GPUs and the host RAM
+    FIXED = "a remedy fits"  # a sound remedy that oomlab writes launch files for fits
+    HOST_RAM = "fits the GPUs but not the host RAM"  # a sound remedy fits every GPU; the host RAM is too small
+    HARMFUL_ONLY = "fits only with harmful changes"  # only pure half precision or SGD fit
+    NOTHING = "nothing fits"  # no configuration oomlab knows fits the GPUs
 
 
 @dataclass(frozen=True)
@@ -46,6 +72,10 @@ class Plan:
     assumptions: tuple[str, ...]
     seq_note: str  # how the sequence searches are capped
     lora_rank: int = 8
+    host_ram_source: str = "given"  # where the host RAM figure comes from
+    host_ram_assumed: bool = False  # True: not given by the user (the GPUs' machine's, or the seed's)
+    speed_uncertainty: float = 0.10  # speeds closer than this are not told apart (Assumptions.speed_uncertainty)
+    notes: tuple[str, ...] = ()  # what the plan left out or folded together, and why
 
     @property
     def fitting(self) -> tuple[Remedy, ...]:
@@ -53,8 +83,31 @@ class Plan:
 
     @property
     def recommended(self) -> Remedy | None:
-        """The fastest remedy that fits without a harmful caveat and that oomlab writes launch files for."""
-        return next((r for r in self.remedies if r.recommendable and r.config_files), None)
+        """The remedy to launch: :func:`recommend`'s choice."""
+        return recommend(self.remedies, self.speed_uncertainty)[0]
+
+    @property
+    def recommendation_note(self) -> str:
+        """Why the recommended remedy is the one it is (why not rank 1, when it is not)."""
+        return recommend(self.remedies, self.speed_uncertainty)[1]
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.seed.fits:
+            return Outcome.FITS
+        if self.recommended is not None:
+            return Outcome.FIXED
+        if self.host_ram_short:
+            return Outcome.HOST_RAM
+        if self.fitting:
+            return Outcome.HARMFUL_ONLY
+        return Outcome.NOTHING
+
+    @property
+    def host_ram_short(self) -> tuple[Remedy, ...]:
+        """Sound launchable remedies that fit every GPU but not the host RAM, least host RAM first."""
+        rows = [r for r in self.remedies if r.gpu_fits and not r.fits and not any(c.harmful for c in r.caveats)]
+        return tuple(sorted(rows, key=lambda r: r.host_ram_bytes or 0))
 
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommended
@@ -64,21 +117,97 @@ class Plan:
                 "knobs": [k.to_dict() for k in self.knobs],
                 "device_map": None if self.device_map is None else self.device_map.to_dict(),
                 "recommended": None if rec is None else rec.to_dict(), "assumptions": list(self.assumptions),
-                "seq_note": self.seq_note, "lora_rank": self.lora_rank}
+                "seq_note": self.seq_note, "lora_rank": self.lora_rank, "host_ram_source": self.host_ram_source,
+                "host_ram_assumed": self.host_ram_assumed, "outcome": self.outcome.value,
+                "recommendation_note": self.recommendation_note, "notes": list(self.notes)}
+
+
+def recommend(remedies: tuple[Remedy, ...], uncertainty: float = 0.10) -> tuple[Remedy | None, str]:
+    """The remedy to launch and why: the best-ranked sound remedy that oomlab writes launch files for; among those
+    whose estimated speed is within ``uncertainty`` of it, the one with the most headroom, if it has at least
+    :data:`HEADROOM_GAIN` of the GPU more (a smaller gain is not worth a different launch)."""
+    ranked = list(remedies)
+    launchable = [r for r in ranked if r.recommendable and r.config_files]
+    if not launchable:
+        return None, ""
+    best = launchable[0]
+    capacity = (best.per_gpu_peak_bytes or 0) + (best.headroom_bytes or 0)
+    close = [r for r in launchable if (r.tokens_per_s or 0) >= (best.tokens_per_s or 0) * (1 - uncertainty)
+             and (r.headroom_bytes or 0) - (best.headroom_bytes or 0) >= HEADROOM_GAIN * capacity]
+    chosen = max(close, key=lambda r: (r.headroom_bytes or 0, -ranked.index(r)), default=best)
+    rank = ranked.index(chosen) + 1
+    if rank == 1:
+        return chosen, "rank 1: the fastest sound remedy that fits, and oomlab writes its launch files"
+    reasons = []
+    skipped = ranked[:ranked.index(best)]
+    harmful = [r for r in skipped if r.fits and not r.recommendable]
+    unlaunched = [r for r in skipped if r.recommendable and not r.config_files]
+    if harmful:
+        reasons.append(f"{len(harmful)} faster row(s) change training harmfully (e.g. {harmful[0].name}: "
+                       + "; ".join(c.text for c in harmful[0].caveats if c.harmful) + ")")
+    if unlaunched:
+        reasons.append(f"oomlab writes no launch files for {', '.join(r.name for r in unlaunched[:2])}")
+    if chosen is not best:
+        reasons.append(f"{best.name} (rank {ranked.index(best) + 1}) is estimated at {best.tokens_per_s:,.0f} "
+                       f"tokens/s and this one at {chosen.tokens_per_s:,.0f}: within the estimate's own uncertainty "
+                       f"(±{uncertainty:.0%}: the MFU is assumed), so the one with more headroom "
+                       f"({format_size(chosen.headroom_bytes or 0)} against {format_size(best.headroom_bytes or 0)})"
+                       " is recommended")
+    return chosen, f"rank {rank}, not rank 1: " + "; ".join(reasons)
+
+
+_HALF_FAMILY = {Precision.FP16_MIXED: "mixed", Precision.BF16_MIXED: "mixed", Precision.FP16: "half",
+                Precision.BF16: "half", Precision.FP32: "fp32"}
+_ADAM_FAMILY = {Optimizer.ADAMW: "adamw", Optimizer.ADAMW_FUSED: "adamw"}
+
+
+def _figures(r: Remedy) -> tuple:
+    tps = None if r.tokens_per_s is None else float(f"{r.tokens_per_s:.3g}")
+    return (r.route, r.strategy, r.method, r.checkpointing, _HALF_FAMILY[r.precision],
+            _ADAM_FAMILY.get(r.optimizer, r.optimizer.value), r.fits, r.gpu_fits, r.per_gpu_peak_bytes,
+            r.headroom_bytes, r.host_ram_bytes, r.max_batch, r.max_seq, tps, tuple(c.harmful for c in r.caveats),
+            bool(r.config_files))
+
+
+def _preference(r: Remedy, bf16: bool) -> tuple:
+    """The label a user would launch: bf16 where the GPU has it (no loss scaling), AdamW fused (the HF Trainer's
+    default, ``adamw_torch_fused``)."""
+    return (r.precision.uses_bf16 != bf16, r.optimizer is not Optimizer.ADAMW_FUSED)
+
+
+def fold_label_twins(remedies: list[Remedy], bf16: bool) -> list[Remedy]:
+    """Rows that differ only in a label (fp16 vs bf16 of the same kind, adamw vs adamw-fused) and have the same
+    figures, folded into one: the one a user would launch, the others named in its ``same_as``.  Order is kept."""
+    groups: dict[tuple, list[Remedy]] = {}
+    for r in remedies:
+        groups.setdefault(_figures(r), []).append(r)
+    keep = {}
+    for rows in groups.values():
+        chosen = min(rows, key=lambda r: _preference(r, bf16))
+        keep[id(chosen)] = replace(chosen, same_as=tuple(r.name for r in rows if r is not chosen))
+    return [keep[id(r)] for r in remedies if id(r) in keep]
 
 
 def seed_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = 1, *, seq: int = 2048,
                batch: int = 1, precision: str = "fp16-mixed", optimizer: str = "adamw", checkpointing: bool = False,
-               attention: str = "sdpa", lora_rank: int = 8) -> TrainingSetup:
-    """The seed's configuration: a full replica per GPU (``model.to('cuda')`` in each process), full fine-tuning."""
-    return make_setup(model=model, gpu=gpu, gpus=gpus, nodes=nodes,
-                      strategy="ddp" if gpus * nodes > 1 else "single", method="full", precision=precision,
-                      optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing, attention=attention,
-                      lora_rank=lora_rank)
+               attention: str = "sdpa", lora_rank: int = 8, strategy: str | Strategy | None = None,
+               method: str | Method = "full", lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS,
+               lora_alpha: int = 16) -> TrainingSetup:
+    """The configuration as given; by default the seed's: a full replica per GPU (``model.to('cuda')`` in each
+    process), full fine-tuning.  ``strategy`` None or ``ddp`` on one GPU is ``single``."""
+    one_gpu = gpus * nodes == 1
+    if strategy is None or (one_gpu and str(getattr(strategy, "value", strategy)) == Strategy.DDP.value):
+        strategy = Strategy.SINGLE if one_gpu else Strategy.DDP
+    return make_setup(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
+                      precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,
+                      attention=attention, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)
 
 
 def _seed_reason(remedy: Remedy, setup: TrainingSetup) -> str:
-    """The seed row's reason: the replica alone, as notebook 01 reproduced, then the step."""
+    """The seed row's reason: the replica alone, as notebook 01 reproduced (for launches that move one to each
+    GPU), then the step."""
+    if setup.strategy not in (Strategy.SINGLE, Strategy.DDP):
+        return remedy.reason
     try:
         need = unlimited_walk(setup.model.name, "float16")[-1].reserved_bytes
     except Exception:  # noqa: BLE001 - a model given by path: state the step only
@@ -89,49 +218,50 @@ def _seed_reason(remedy: Remedy, setup: TrainingSetup) -> str:
             f"{format_size(usable)} usable (notebook 01); the training step: {remedy.reason}")
 
 
-def _rank_key(r: Remedy) -> tuple:
+def rank_key(fits: bool, recommendable: bool, tokens_per_s: float | None, optimizer: Optimizer,
+             per_gpu_peak_bytes: int | None) -> tuple:
     """Fitting first, sound before caveated, faster first (to 3 significant figures: the estimate is no finer);
     ties to plain AdamW (8-bit states save little on adapters and add a dependency), then the smaller peak."""
-    tps = float(f"{r.tokens_per_s:.3g}") if r.tokens_per_s else 0.0
-    return (not r.fits, not r.recommendable, -tps, not r.optimizer.adam, r.per_gpu_peak_bytes or 0)
+    tps = float(f"{tokens_per_s:.3g}") if tokens_per_s else 0.0
+    return (not fits, not recommendable, -tps, not optimizer.adam, per_gpu_peak_bytes or 0)
 
 
-def make_plan(
-    model: str | ModelSpec = "llama-13b",
-    gpu: str | GPUSpec = "t4",
-    gpus: int = 4,
-    nodes: int = 1,
-    host_ram: str | int = DEFAULT_HOST_RAM,
-    seq: int = 2048,
-    *,
-    batch: int = 1,
-    precision: str = "fp16-mixed",
-    optimizer: str = "adamw",
-    checkpointing: bool = False,
-    attention: str = "sdpa",
-    lora_rank: int = 8,
-    assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
-    outside_bytes: int | None = None,
-) -> Plan:
-    """Every remedy for training ``model`` on ``nodes`` × ``gpus`` × ``gpu``, budgeted and ranked.
+def _rank_key(r: Remedy) -> tuple:
+    return rank_key(r.fits, r.recommendable, r.tokens_per_s, r.optimizer, r.per_gpu_peak_bytes)
 
-    The user's configuration (``seed_setup``: a full replica per GPU, full fine-tuning with the given precision,
-    optimizer, micro-batch and checkpointing) is the seed row and the knob table's baseline.
-    """
-    host_ram_bytes = parse_size(host_ram)
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
-    gpu_spec = gpu if isinstance(gpu, GPUSpec) else load_gpu(gpu)
-    if seq > spec.max_position_embeddings:
-        raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
-                                f"{spec.max_position_embeddings}: use a sequence length up to that")
-    base = seed_setup(spec, gpu_spec, gpus, nodes, seq=seq, batch=batch, precision=precision, optimizer=optimizer,
-                      checkpointing=checkpointing, attention=attention, lora_rank=lora_rank)
-    evaluator = Evaluator(host_ram_bytes, outside_bytes)
-    seed = evaluate_remedy(base, host_ram_bytes, assumptions=assumptions, evaluator=evaluator)
-    seed = replace(seed, reason=_seed_reason(seed, base), name="the seed's configuration: " + seed.name)
-    remedies, dropped = [], []
-    routes = [(Route.PROCESS_PER_GPU, s) for s in Strategy] + [(Route.DEVICE_MAP, Strategy.SINGLE)]
-    grid = itertools.product(routes, Method, Precision, Optimizer, (False, True))
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of the plan's grid: its validated setup, or why the hardware cannot run it."""
+
+    route: Route
+    strategy: Strategy
+    method: Method
+    precision: Precision
+    optimizer: Optimizer
+    checkpointing: bool
+    setup: TrainingSetup | None  # None: dropped
+    why: str = ""  # "dropped: <make_setup's message>" when dropped
+
+    @property
+    def may_recommend(self) -> bool:
+        """Could it be the plan's recommendation if it fits: no harmful caveat, and launch files are written."""
+        return (self.setup is not None and bool(files_for(self.route, self.setup))
+                and not any(c.harmful for c in caveats(self.setup)))
+
+
+def plan_grid(spec: ModelSpec, gpu_spec: GPUSpec, gpus: int, nodes: int, *, batch: int, seq: int, attention: str,
+              lora_rank: int, methods: Iterable[Method] = tuple(Method),
+              precisions: Iterable[Precision] = tuple(Precision),
+              optimizers: Iterable[Optimizer] = tuple(Optimizer)) -> Iterator[Candidate]:
+    """The plan's grid, in its order: route × strategy × method × precision × optimizer × checkpointing (each axis
+    all its members unless narrowed), each validated by :func:`make_setup` (what it refuses is dropped with its
+    message)."""
+    one_gpu = gpus * nodes == 1  # no multi-GPU strategy on one GPU (ONE_GPU_NOTE)
+    routes = [(Route.PROCESS_PER_GPU, s) for s in Strategy if not (one_gpu and s in MULTI_GPU_ONLY)]
+    if not one_gpu:
+        routes.append((Route.DEVICE_MAP, Strategy.SINGLE))
+    grid = itertools.product(routes, tuple(methods), tuple(precisions), tuple(optimizers), (False, True))
     for (route, strategy), method, prec, opt, ckpt in grid:
         if route is Route.DEVICE_MAP and nodes > 1:
             continue  # device_map places within one node
@@ -140,11 +270,70 @@ def make_plan(
                                precision=prec, optimizer=opt, batch=batch, seq=seq, checkpointing=ckpt,
                                attention=attention, lora_rank=lora_rank)
         except InvalidValueError as err:
-            dropped.append(dropped_remedy(route, strategy, method, prec, opt, ckpt, lora_rank, f"dropped: {err}"))
+            yield Candidate(route, strategy, method, prec, opt, ckpt, None, f"dropped: {err}")
             continue
-        remedies.append(evaluate_remedy(setup, host_ram_bytes, route=route, assumptions=assumptions,
+        yield Candidate(route, strategy, method, prec, opt, ckpt, setup)
+
+
+def make_plan(
+    model: str | ModelSpec = "llama-13b",
+    gpu: str | GPUSpec = "t4",
+    gpus: int = 4,
+    nodes: int = 1,
+    host_ram: str | int | None = HOST_RAM_AUTO,
+    seq: int = 2048,
+    *,
+    batch: int = 1,
+    precision: str = "fp16-mixed",
+    optimizer: str = "adamw",
+    checkpointing: bool = False,
+    attention: str = "sdpa",
+    lora_rank: int = 8,
+    strategy: str | Strategy | None = None,
+    method: str | Method = "full",
+    lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS,
+    lora_alpha: int = 16,
+    assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
+    outside_bytes: int | None = None,
+) -> Plan:
+    """Every remedy for training ``model`` on ``nodes`` × ``gpus`` × ``gpu``, budgeted and ranked.
+
+    The user's configuration (``seed_setup``: a full replica per GPU, full fine-tuning with the given precision,
+    optimizer, micro-batch and checkpointing) is the seed row and the knob table's baseline.  ``host_ram``: a size
+    with its unit, or ``"auto"`` / None for the host RAM of the listed instance with these GPUs
+    (:func:`oomlab.core.prices.assumed_host_ram`).  On one GPU the multi-GPU strategies are left out; rows that
+    differ only in a label are folded together (:func:`fold_label_twins`).
+    """
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    gpu_spec = gpu if isinstance(gpu, GPUSpec) else load_gpu(gpu)
+    host = resolve_host_ram(host_ram, gpu_spec.name, gpus)
+    host_ram_bytes = host.host_ram_bytes
+    if seq > spec.max_position_embeddings:
+        raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
+                                f"{spec.max_position_embeddings}: use a sequence length up to that")
+    base = seed_setup(spec, gpu_spec, gpus, nodes, seq=seq, batch=batch, precision=precision, optimizer=optimizer,
+                      checkpointing=checkpointing, attention=attention, lora_rank=lora_rank, strategy=strategy,
+                      method=method, lora_targets=lora_targets, lora_alpha=lora_alpha)
+    evaluator = Evaluator(host_ram_bytes, outside_bytes)
+    seed = evaluate_remedy(base, host_ram_bytes, assumptions=assumptions, evaluator=evaluator)
+    seed = replace(seed, reason=_seed_reason(seed, base), name=SEED_ROW_PREFIX + seed.name)
+    remedies, dropped = [], []
+    for c in plan_grid(spec, gpu_spec, gpus, nodes, batch=batch, seq=seq, attention=attention, lora_rank=lora_rank):
+        if c.setup is None:
+            dropped.append(dropped_remedy(c.route, c.strategy, c.method, c.precision, c.optimizer, c.checkpointing,
+                                          lora_rank, c.why))
+            continue
+        remedies.append(evaluate_remedy(c.setup, host_ram_bytes, route=c.route, assumptions=assumptions,
                                         evaluator=evaluator))
     remedies.sort(key=_rank_key)
+    budgeted = len(remedies)
+    remedies = fold_label_twins(remedies, gpu_spec.bf16)
+    notes = [f"{budgeted - len(remedies)} of {budgeted} rows differed from another only in a label (fp16 vs bf16 of "
+             "the same kind, adamw vs adamw-fused) with the same figures: each such group is shown once, as the one "
+             "a user would launch (" + ("bf16, " if gpu_spec.bf16 else "") + "adamw-fused: the HF Trainer's default)"
+             ", the others named in its same_as"] if budgeted > len(remedies) else []
+    if gpus * nodes == 1:
+        notes.append(ONE_GPU_NOTE)
     knobs = knob_table(base, host_ram_bytes, evaluator=evaluator)
     dm = next((r for r in remedies if r.route is Route.DEVICE_MAP and r.recommendable), None)
     dm = dm or next((r for r in remedies if r.route is Route.DEVICE_MAP), None)
@@ -153,9 +342,9 @@ def make_plan(
                 f"(RoPE was trained to that length); micro-batch searches at {MAX_BATCH_SEARCH}")
     return Plan(model=spec.name, gpu=gpu_spec.name, gpus=gpus, nodes=nodes, seq=seq, host_ram_bytes=host_ram_bytes,
                 seed=seed, remedies=tuple(remedies), dropped=tuple(dropped), knobs=knobs, device_map=placement,
-                assumptions=tuple(describe_assumptions(gpu_spec, assumptions))
-                + (f"host RAM {format_size(host_ram_bytes)} per node (assumption unless given)",),
-                seq_note=seq_note, lora_rank=lora_rank)
+                assumptions=tuple(describe_assumptions(gpu_spec, assumptions)) + (host.text,),
+                seq_note=seq_note, lora_rank=lora_rank, host_ram_source=host.source, host_ram_assumed=host.assumed,
+                speed_uncertainty=assumptions.speed_uncertainty, notes=tuple(notes))
 
 
 def distinct_top(plan: Plan, n: int = 3) -> tuple[Remedy, ...]:

@@ -13,6 +13,7 @@ from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
 from oomlab.core.search import largest_true
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
+from oomlab.core.words import count
 from oomlab.remedies.launch_files import files_for
 from oomlab.remedies.placement import DeviceMapPlacement, place_device_map, replace_peak
 from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, StepTime, step_time
@@ -52,6 +53,8 @@ class Remedy:
     breaking_component: MemCategory | None = None  # the largest component at the peak
     caveats: tuple[Caveat, ...] = ()  # what it changes besides memory
     dropped: bool = False  # the hardware or the libraries cannot run it
+    gpu_fits: bool = False  # fits every GPU (host RAM aside)
+    same_as: tuple[str, ...] = ()  # rows with the same figures that differ only in a label, folded into this one
     step: StepTime | None = field(default=None, compare=False)
     setup: TrainingSetup | None = field(default=None, repr=False, compare=False)
 
@@ -74,6 +77,7 @@ class Remedy:
                 "config_files": list(self.config_files),
                 "breaking_component": None if self.breaking_component is None else self.breaking_component.value,
                 "caveats": [{"text": c.text, "harmful": c.harmful} for c in self.caveats], "dropped": self.dropped,
+                "gpu_fits": self.gpu_fits, "same_as": list(self.same_as),
                 "recommendable": self.recommendable, "step_time": step}
 
     @classmethod
@@ -89,11 +93,14 @@ class Remedy:
             max_seq=raw["max_seq"], tokens_per_s=raw["tokens_per_s"], config_files=tuple(raw["config_files"]),
             breaking_component=None if breaking is None else MemCategory(breaking),
             caveats=tuple(Caveat(c["text"], bool(c["harmful"])) for c in raw["caveats"]), dropped=bool(raw["dropped"]),
+            gpu_fits=bool(raw.get("gpu_fits", raw["fits"])), same_as=tuple(raw.get("same_as", ())),
         )
 
 
-_STRATEGY_NAMES = {Strategy.SINGLE: "one GPU", Strategy.DDP: "DDP", Strategy.ZERO1: "ZeRO-1",
-                   Strategy.ZERO2: "ZeRO-2", Strategy.FSDP: "FSDP1 full shard",
+_STRATEGY_NAMES = {Strategy.SINGLE: "one GPU", Strategy.DDP: "DDP", Strategy.ZERO1: "DeepSpeed ZeRO-1",
+                   Strategy.ZERO2: "DeepSpeed ZeRO-2", Strategy.ZERO3: "DeepSpeed ZeRO-3",
+                   Strategy.ZERO2_OFFLOAD: "DeepSpeed ZeRO-2 + CPU optimizer offload",
+                   Strategy.ZERO3_OFFLOAD: "DeepSpeed ZeRO-3 + CPU offload", Strategy.FSDP: "FSDP1 full shard",
                    Strategy.FSDP_OFFLOAD: "FSDP1 full shard + CPU offload",
                    Strategy.FSDP2: "FSDP2 fully_shard", Strategy.FSDP2_OFFLOAD: "FSDP2 fully_shard + CPU offload"}
 
@@ -104,8 +111,13 @@ _LAUNCHERS = {
     Strategy.FSDP_OFFLOAD: "accelerate launch, FSDP fsdp_version 1, fsdp_offload_params true",
     Strategy.FSDP2: "accelerate launch, FSDP fsdp_version 2 (the HF Trainer's default with --fsdp)",
     Strategy.FSDP2_OFFLOAD: "accelerate launch, FSDP fsdp_version 2, fsdp_offload_params true",
-    Strategy.ZERO1: "deepspeed (or accelerate launch), DeepSpeed ZeRO stage 1",
-    Strategy.ZERO2: "deepspeed (or accelerate launch), DeepSpeed ZeRO stage 2",
+    Strategy.ZERO1: "accelerate launch, distributed_type DEEPSPEED, a ZeRO stage 1 JSON (or the deepspeed launcher)",
+    Strategy.ZERO2: "accelerate launch, distributed_type DEEPSPEED, a ZeRO stage 2 JSON (or the deepspeed launcher)",
+    Strategy.ZERO3: "accelerate launch, distributed_type DEEPSPEED, a ZeRO stage 3 JSON, zero3_init_flag (zero.Init "
+                    "while loading)",
+    Strategy.ZERO2_OFFLOAD: "accelerate launch, DEEPSPEED, ZeRO stage 2 JSON with offload_optimizer device cpu",
+    Strategy.ZERO3_OFFLOAD: "accelerate launch, DEEPSPEED, ZeRO stage 3 JSON with offload_optimizer and offload_param "
+                            "device cpu, zero3_init_flag",
 }
 
 
@@ -126,28 +138,42 @@ def remedy_name(route: Route, strategy: Strategy, method: Method, precision: Pre
 
 
 def caveats(setup: TrainingSetup) -> tuple[Caveat, ...]:
-    """What a remedy changes besides memory; the harmful ones make it a poor recommendation."""
+    """What a remedy changes besides memory; the harmful ones make it a poor recommendation.
+
+    Each text is a verb phrase whose subject is the remedy ("It trains ...; it keeps ..."): the plan's text joins them.
+    """
     out = []
     if setup.method is Method.LORA:
         out.append(Caveat("trains low-rank adapters, not every weight (Hu et al. 2021)"))
     if setup.method is Method.QLORA:
         out.append(Caveat("trains adapters over a 4-bit NF4 base (Dettmers et al. 2023)"))
     if setup.precision in (Precision.FP16, Precision.BF16):
-        out.append(Caveat("pure half precision, no fp32 master weights: small updates vanish "
+        out.append(Caveat("runs pure half precision, no fp32 master weights: small updates vanish "
                           "(Micikevicius et al. 2018)", harmful=True))
     if setup.optimizer is Optimizer.SGD:
-        out.append(Caveat("SGD with momentum instead of AdamW: different, usually worse, LLM fine-tuning",
+        out.append(Caveat("uses SGD with momentum instead of AdamW: different, usually worse, LLM fine-tuning",
                           harmful=True))
     if setup.optimizer is Optimizer.ADAMW_8BIT:
-        out.append(Caveat("8-bit optimizer states (Dettmers et al. 2022)"))
+        out.append(Caveat("keeps 8-bit optimizer states (Dettmers et al. 2022)"))
     if setup.checkpointing:
         out.append(Caveat("recomputes each layer's forward in backward"))
+    if setup.strategy.deepspeed:
+        out.append(Caveat("casts every weight to half and keeps an fp32 master partition (DeepSpeed; no autocast)"))
+    if setup.strategy.offloads_optimizer and setup.strategy.deepspeed:
+        out.append(Caveat("runs the optimizer step on the host CPU (DeepSpeedCPUAdam): bound by host memory "
+                          "bandwidth and the PCIe link"))
     return tuple(out)
 
 
 def offload_of(route: Route, strategy: Strategy) -> str | None:
     """What the remedy keeps on the host, or None."""
-    if route is Route.PROCESS_PER_GPU and strategy.offloads:
+    if route is not Route.PROCESS_PER_GPU:
+        return None
+    if strategy is Strategy.ZERO2_OFFLOAD:
+        return "cpu: fp32 master, fp32 gradients, optimizer state and step (DeepSpeedCPUAdam)"
+    if strategy is Strategy.ZERO3_OFFLOAD:
+        return "cpu: parameter partitions, gradients, fp32 master, optimizer state and step (DeepSpeedCPUAdam)"
+    if strategy.offloads:
         return "cpu: parameters, gradients, optimizer state"
     return None
 
@@ -206,7 +232,7 @@ def reason(ev: Evaluation, setup: TrainingSetup, host_ram_bytes: int) -> str:
         parts.append(f"fits: {format_size(ev.per_gpu_peak_bytes)} per GPU of {format_size(cap)}, "
                      f"headroom {format_size(ev.headroom_bytes)}")
     elif ev.placement is not None and ev.placement.spilled:
-        parts.append(f"device_map spills {len(ev.placement.spilled)} modules to the CPU "
+        parts.append(f"device_map spills {count(len(ev.placement.spilled), 'module')} to the CPU "
                      f"(accelerate's offload hooks cannot train them)")
     else:
         comp = ev.result.components
@@ -247,8 +273,8 @@ def evaluate_remedy(setup: TrainingSetup, host_ram_bytes: int, *, route: Route =
         optimizer=setup.optimizer, checkpointing=setup.checkpointing, offload=offload_of(route, setup.strategy),
         fits=ev.fits, reason=reason(ev, setup, host_ram_bytes), per_gpu_peak_bytes=ev.per_gpu_peak_bytes,
         headroom_bytes=ev.headroom_bytes, host_ram_bytes=ev.host_ram_bytes, max_batch=max_batch, max_seq=max_seq,
-        tokens_per_s=tps, config_files=files_for(route, setup.strategy) if ev.fits else (),
-        breaking_component=ev.breaking, caveats=caveats(setup), step=step, setup=setup,
+        tokens_per_s=tps, config_files=files_for(route, setup, max_batch) if ev.fits else (),
+        breaking_component=ev.breaking, caveats=caveats(setup), gpu_fits=ev.gpu_fits, step=step, setup=setup,
     )
 
 

@@ -9,8 +9,9 @@ Throughput (every assumption is in :class:`Assumptions` and printed by :func:`de
   layers' forward once more (Narayanan et al. 2021, sec. 5.1: ``72 → 96 B s l h^2`` per iteration, i.e. 3 → 4
   forward passes).  Attention scores and values are counted as ``4 s d_attn`` per token per layer forward
   (QK^T and AV, the full square as ``FlopCounterMode`` counts SDPA; a causal kernel skips about half).
-* Step time: FLOPs / (the GPU's dense fp16 (or fp32) peak × MFU) + host-link time for offloaded bytes + the
-  collectives' bytes over the GPU-to-GPU link + the host optimizer step.  NB: no overlap of communication and
+* Step time: FLOPs / (the GPU's dense fp16 (or fp32) peak × MFU, assumed by GPU generation: :func:`mfu_for`) +
+  host-link time for offloaded bytes + the collectives' bytes over the GPU-to-GPU link of the GPU's spec (NVLink
+  on SXM parts, PCIe otherwise) + the host optimizer step.  NB: no overlap of communication and
   compute is assumed, so step times are upper bounds.
 """
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomlab.budget import activations as act
+from oomlab.budget import deepspeed_layout
+from oomlab.budget.deepspeed import model_dtype_bytes, zero_states
 from oomlab.budget.states import grad_bytes_per_param, lora_parameters, trainable_parameters, weight_bytes_total
 from oomlab.core.choices import Method, Precision, Route, Strategy
 from oomlab.core.gpus import GPUSpec
@@ -30,12 +33,40 @@ from oomlab.core.units import ceil_div
 class Assumptions:
     """What the throughput estimate assumes (printed with every plan)."""
 
-    mfu: float = 0.35  # model FLOPs utilisation of the fp16 tensor-core peak (NB: T4-class, stated not measured)
+    mfu: float | None = None  # model FLOPs utilisation of the tensor-core peak; None: by GPU generation (mfu_for)
     host_optimizer_params_per_s: float = 1e9  # CPU AdamW updates per second per node (NB: order of magnitude)
     throughput_batch_cap: int = 8  # throughput is estimated at min(largest micro-batch that fits, this)
     overlap: bool = False  # communication overlapped with compute (False: step times are upper bounds)
+    speed_uncertainty: float = 0.10  # NB: speeds closer than this are not told apart (the MFU is assumed)
 
 DEFAULT_ASSUMPTIONS = Assumptions()
+
+# (first compute capability of the generation, MFU, basis); NB: assumptions for a fine-tuning step through the HF
+# stack, below the published large-scale pre-training figures they cite
+MFU_BY_GENERATION = (
+    ((7, 0), 0.35, "oomlab's assumption for Volta/Turing GPUs (V100, T4): not measured"),
+    ((8, 0), 0.45, "Ampere/Ada (A100, A10G, L4, RTX 30/40): below Megatron-LM's 52% of the A100's peak at scale "
+                   "(Narayanan et al. 2021, sec. 5.1); not measured here"),
+    ((9, 0), 0.40, "Hopper (H100, H200): within Llama 3's 38-43% BF16 MFU on H100 (Dubey et al. 2024, Table 4); "
+                   "not measured here"),
+)
+
+
+def mfu_for(gpu: GPUSpec, assumptions: Assumptions = DEFAULT_ASSUMPTIONS) -> tuple[float, str]:
+    """The MFU assumed on ``gpu`` and its basis: the assumptions' own, else its generation's."""
+    if assumptions.mfu is not None:
+        return assumptions.mfu, "given"
+    found = MFU_BY_GENERATION[0]
+    for row in MFU_BY_GENERATION:
+        if gpu.compute_capability >= row[0]:
+            found = row
+    return found[1], found[2]
+
+
+def interconnect_text(gpu: GPUSpec) -> str:
+    """How the GPUs of a node talk to each other, from the GPU's spec."""
+    return (f"{gpu.interconnect}, {gpu.gpu_to_gpu_bytes_per_s / 1e9:.3f} GB/s per direction theoretical"
+            + ("" if gpu.nvlink else " (no NVLink)"))
 
 
 def describe_assumptions(gpu: GPUSpec, assumptions: Assumptions) -> list[str]:
@@ -43,15 +74,17 @@ def describe_assumptions(gpu: GPUSpec, assumptions: Assumptions) -> list[str]:
     return [
         f"GPU: {gpu.display_name}, dense fp16 tensor-core peak {gpu.peak_fp16_flops / 1e12:g} TFLOP/s, "
         f"fp32 peak {gpu.peak_fp32_flops / 1e12:g} TFLOP/s (source: {gpu.sources.get('peak_fp16_flops', 'spec')})",
-        f"MFU {assumptions.mfu:.0%} of that peak (assumption for T4-class GPUs; not measured here)",
+        "MFU {:.0%} of that peak ({})".format(*mfu_for(gpu, assumptions)),
         "FLOPs per token: forward 2N + 4·s·d_attn per layer, backward 4N (full) or 2N + 4N_adapters (LoRA/QLoRA; "
         "frozen weights need no weight gradients), + the layers' forward again with checkpointing "
         "(Kaplan et al. 2020 sec. 2.1; Narayanan et al. 2021 sec. 5.1); N = parameters that multiply activations "
         "(the decoder layers' projections and the LM head; the embedding is a lookup)",
-        f"GPU-to-GPU collectives and host offload over {gpu.host_link} at its theoretical "
-        f"{gpu.host_link_bytes_per_s / 1e9:.3f} GB/s per direction (no NVLink; NB: NCCL reaches less)",
+        f"GPU-to-GPU collectives over {interconnect_text(gpu)}; host offload over {gpu.host_link} at its "
+        f"theoretical {gpu.host_link_bytes_per_s / 1e9:.3f} GB/s per direction (NB: NCCL and copies reach less)",
         "ring collectives: all-reduce moves 2(n-1)/n of the buffer per GPU, all-gather and reduce-scatter (n-1)/n; "
-        "FSDP gathers the weights in forward and again in backward and reduce-scatters the gradients",
+        "FSDP gathers the weights in forward and again in backward and reduce-scatters the gradients; DeepSpeed "
+        "ZeRO-1/2 all-reduce the half gradients and all-gather the updated half partitions, ZeRO-3 gathers each "
+        "module's half weights in forward and in backward (less what its reuse window keeps) and reduce-scatters",
         f"offloaded optimizer step on the host at {assumptions.host_optimizer_params_per_s:.0e} parameters/s per "
         "node (NB: order of magnitude of a vectorised CPU Adam)",
         "communication is " + ("overlapped with compute" if assumptions.overlap
@@ -136,26 +169,55 @@ class StepTime:
         return self.tokens / self.seconds
 
 
+def _deepspeed_collective_bytes(setup: TrainingSetup, frac: float) -> int:
+    """DeepSpeed: ZeRO-1/2 all-reduce the half gradients bucket by bucket (``average_tensor`` with the default
+    ``use_multi_rank_bucket_allreduce``, stage_1_and_2.py:1590-1726) and all-gather the updated half partitions
+    (``all_gather_dp_groups``); ZeRO-3 all-gathers every module's half parameters in forward and again in backward,
+    except those its reuse window keeps gathered (partitioned_param_coordinator.py:634-665), and reduce-scatters the
+    gradients (stage3.py:1673-1678)."""
+    lp = model_dtype_bytes(setup)
+    trained = lp * trainable_parameters(setup)
+    if setup.strategy.zero_stage in (1, 2):
+        return round(2 * frac * trained + frac * trained)
+    z = zero_states(setup)
+    gathered = lp * sum(deepspeed_layout.all_numels(setup))
+    return round(frac * (2 * gathered - z.gathered_forward + trained))
+
+
 def collective_bytes(setup: TrainingSetup) -> int:
     """Bytes each GPU sends per step in the strategy's collectives (ring algorithms)."""
     n = setup.world_size
     if n == 1 or setup.strategy is Strategy.SINGLE:
         return 0
     frac = (n - 1) / n
+    if setup.strategy.deepspeed:
+        return _deepspeed_collective_bytes(setup, frac)
     grads = grad_bytes_per_param(setup) * trainable_parameters(setup)
-    if setup.strategy in (Strategy.DDP, Strategy.ZERO1):
-        return round(2 * frac * grads)  # all-reduce (ZeRO-1: reduce-scatter + all-gather, the same volume)
-    if setup.strategy is Strategy.ZERO2:
-        weights = 2 * trainable_parameters(setup)  # updated half weights all-gathered
-        return round(frac * (grads + weights))
+    if setup.strategy is Strategy.DDP:
+        return round(2 * frac * grads)  # all-reduce
     return round(frac * (2 * weight_bytes_total(setup) + grads))  # FSDP: gather fwd + bwd, reduce-scatter
 
 
 def host_link_bytes(setup: TrainingSetup) -> int:
-    """Bytes each GPU moves over the host link per step: FSDP offload copies its shards in and its grads out."""
+    """Bytes each GPU moves over the host link per step.
+
+    FSDP offload copies its shards in (forward and backward) and its gradients out.  DeepSpeed ``zero2-offload``
+    copies its gradient partition out in fp32 (converted on the GPU, stage_1_and_2.py:1900) and the updated half
+    partition back; ``zero3-offload`` its half gradient partition out, and with ``offload_param`` each half parameter
+    partition in for every gather (forward and backward).
+    """
+    n = setup.world_size
+    if setup.strategy.deepspeed:
+        if not setup.strategy.offloads_optimizer:
+            return 0
+        lp, trained = model_dtype_bytes(setup), trainable_parameters(setup)
+        if setup.strategy.zero_stage == 2:
+            return ceil_div((4 + lp) * trained, n)
+        params = ceil_div(lp * sum(deepspeed_layout.all_numels(setup)), n) if setup.strategy.offloads else 0
+        updated = 0 if setup.strategy.offloads else ceil_div(lp * trained, n)
+        return ceil_div(lp * trained, n) + 2 * params + updated
     if not setup.strategy.offloads:
         return 0
-    n = setup.world_size
     shard = ceil_div(weight_bytes_total(setup), n)
     grads = ceil_div(grad_bytes_per_param(setup) * trainable_parameters(setup), n)
     return 2 * shard + grads  # the shard to the GPU for forward and again for backward, the grads out
@@ -167,16 +229,17 @@ def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Rou
     peak = gpu.peak_fp32_flops if setup.precision is Precision.FP32 else (
         gpu.peak_bf16_flops if setup.precision.uses_bf16 and gpu.peak_bf16_flops else gpu.peak_fp16_flops)
     tokens = setup.batch * setup.seq
-    compute = tokens * flops_per_token(setup).total / (peak * assumptions.mfu)
-    link = gpu.host_link_bytes_per_s
+    compute = tokens * flops_per_token(setup).total / (peak * mfu_for(gpu, assumptions)[0])
+    link, peer = gpu.host_link_bytes_per_s, gpu.gpu_to_gpu_bytes_per_s
     if route is Route.DEVICE_MAP:
         # activations (and their gradients) cross each GPU boundary once each way
         crossing = 2 * (setup.gpus - 1) * tokens * setup.model.hidden_size * act.stream_bytes(setup)
-        return StepTime(compute, crossing / link, 0.0, 0.0, tokens)
-    collectives = collective_bytes(setup) / link
+        return StepTime(compute, crossing / peer, 0.0, 0.0, tokens)
+    # NB: NVLink within a node; between nodes the collectives cross the network, not modelled (the same link)
+    collectives = collective_bytes(setup) / peer
     host = host_link_bytes(setup) / link
     host_opt = 0.0
-    if setup.strategy.offloads:
+    if setup.strategy.offloads_optimizer:
         host_opt = trainable_parameters(setup) / setup.nodes / assumptions.host_optimizer_params_per_s
     parallel = 1 if setup.strategy is Strategy.SINGLE else setup.world_size
     if assumptions.overlap:

@@ -6,22 +6,28 @@ Text that comes from the user (model paths, messages, names) is HTML-escaped bef
 
 from __future__ import annotations
 
+import contextlib
 import html
+import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from oomlab.core.choices import Method, Strategy
 from oomlab.core.gpus import load_gpu
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
 from oomlab.core.units import format_signed_size, format_size
+from oomlab.core.words import agree, count
+from oomlab.launch.paths import ROWS, path_of
 from oomlab.remedies.checks import VERIFY_HEADERS as CHECK_HEADERS
 from oomlab.remedies.checks import Verification, verify_rows
 from oomlab.remedies.display import COMPACT_REMEDY_HEADERS, knob_change_text, knob_rows
 from oomlab.remedies.display import KNOB_HEADERS as KNOB_HEADERS
 from oomlab.remedies.display import remedy_rows as plan_remedy_rows
 from oomlab.remedies.knobs import KnobChange
+from oomlab.remedies.plan import SEED_ROW_PREFIX, Outcome
 from oomlab.remedies.remedy import Remedy
-from oomlab.report.figures import BarRow, plot_budget_bars
+from oomlab.report.figures import BarRow, RemedyBar, plot_budget_bars, plot_remedies
 from oomlab.report.results import NOTEBOOK_RESULTS
 
 
@@ -34,9 +40,31 @@ def _gpu_name(r: dict[str, Any]) -> str:
     return load_gpu(r["budget"]["case"]["gpu"]).display_name
 
 
+def model_name(model: str) -> str:
+    """How the report names a model: a shipped spec by its name; a ``config.json`` path by the model it describes.
+
+    That is the config's ``_name_or_path`` (what ``save_pretrained`` records) when the file is there and gives one,
+    else the folder holding ``config.json`` (``…/my-llama/config.json`` -> ``my-llama``), else the file's stem; the
+    full path stays in the parameters table.
+    """
+    text = str(model)
+    if not text.endswith(".json") and "/" not in text and "\\" not in text:
+        return text  # a shipped spec's name
+    path = Path(text).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    with contextlib.suppress(OSError, ValueError):
+        recorded = json.loads(path.read_text()).get("_name_or_path")
+        if isinstance(recorded, str) and recorded.strip() and len(recorded) <= 100:
+            return Path(recorded.strip()).name if recorded.strip().startswith(("/", ".", "~")) else recorded.strip()
+    if path.name == "config.json" and path.parent.name:
+        return path.parent.name
+    return path.stem
+
+
 def title(r: dict[str, Any]) -> str:
     case = r["budget"]["case"]
-    return f"## Can {esc(case['model'])} train on {case['gpus']} × {esc(_gpu_name(r))}?"
+    return f"## Can {esc(model_name(case['model']))} train on {case['gpus']} × {esc(_gpu_name(r))}?"
 
 
 def seed_table_rows(r: dict[str, Any]) -> list[list[str]]:
@@ -56,16 +84,26 @@ def answer(r: dict[str, Any]) -> str:
     gpu = esc(_gpu_name(r))
     configured = bud["configured"]
     parts = []
-    if rep["raised"]:
+    path = ROWS[path_of(Strategy(configured["strategy"]), Method(configured["method"]),
+                        trainer=(r["reproduce"].get("launch") or {}).get("trainer", True))]
+    if rep["raised"] and not path.full_replica:
         parts.append(
-            f"**As configured, no.** Moving a full {esc(rep['dtype'])} replica of {esc(rep['model'])} to one "
-            f"{gpu} already fails: `model.to('cuda')` raises `{esc(rep['exception'])}` after "
+            f"**Loading as configured avoids the failing move:** a full {esc(rep['dtype'])} replica of "
+            f"{esc(model_name(rep['model']))} would not fit one {gpu} (`model.to('cuda')` raises "
+            f"`{esc(rep['exception'])}` after {rep['moved_fraction']:.0%} of the parameters: the weights alone need "
+            f"{format_size(rep['model_reserved_bytes'])} of {format_size(rep['total_bytes'])}), but the configured "
+            f"launch ({esc(configured['strategy'])}: {esc(path.short)}) does not move one."
+        )
+    elif rep["raised"]:
+        parts.append(
+            f"**As configured, no.** Moving a full {esc(rep['dtype'])} replica of {esc(model_name(rep['model']))} to "
+            f"one {gpu} already fails: `model.to('cuda')` raises `{esc(rep['exception'])}` after "
             f"{rep['moved_fraction']:.0%} of the parameters, because the weights alone need "
             f"{format_size(rep['model_reserved_bytes'])} and a GPU offers {format_size(rep['total_bytes'])}."
         )
     else:
         parts.append(
-            f"**Loading works:** a {esc(rep['dtype'])} replica of {esc(rep['model'])} "
+            f"**Loading works:** a {esc(rep['dtype'])} replica of {esc(model_name(rep['model']))} "
             f"({format_size(rep['model_reserved_bytes'])}) fits one {gpu} of {format_size(rep['total_bytes'])}."
         )
     verb = "fits" if configured["fits"] else "does not fit"
@@ -81,12 +119,28 @@ def answer(r: dict[str, Any]) -> str:
     if rec:
         parts.append(
             f"**Otherwise, yes:** {esc(rec['name'])} fits at {format_size(rec['per_gpu_peak_bytes'])} per GPU "
-            f"({format_size(rec['headroom_bytes'])} headroom, micro-batch up to {rec['max_batch']}, about "
+            f"({format_size(rec['headroom_bytes'])} headroom, {micro_batches(rec['max_batch'])}, about "
             f"{rec['tokens_per_s']:,.0f} tokens/s estimated) — the recommended fix below."
+            + (f" It is not the table's first row: {esc(plan['recommendation_note'])}."
+               if plan.get("recommended_rank", 1) != 1 else "")
         )
-    elif not configured["fits"]:
-        parts.append("**No configuration oomlab knows fits these GPUs** (see the remedies below).")
+    elif plan.get("outcome") == Outcome.HOST_RAM.value or not configured["fits"]:
+        parts.append(esc_markdown(plan.get("verdict_markdown")
+                                  or "**No configuration oomlab knows fits these GPUs** (see the remedies below)."))
+    if plan.get("host_ram_assumed"):
+        parts.append(f"Host RAM is an assumption: {format_size(plan['host_ram_bytes'])} per node "
+                     f"({esc(plan['host_ram_source'])}); set `host_ram` to your machine's.")
     return " ".join(parts)
+
+
+def esc_markdown(text: str) -> str:
+    """Markdown written by oomlab (bold, code spans) with HTML escaped outside its code spans."""
+    return _escape_outside_code(text)
+
+
+def micro_batches(max_batch: int) -> str:
+    """The micro-batches that fit, worded: "micro-batch 1 only" rather than "micro-batch up to 1"."""
+    return "micro-batch 1 only" if max_batch == 1 else f"micro-batch up to {max_batch}"
 
 
 def deciding_configuration(r: dict[str, Any]) -> str:
@@ -128,6 +182,33 @@ def remedy_rows(r: dict[str, Any], top: int = 10) -> list[tuple[Any, ...]]:
                             compact=True)
 
 
+def remedy_bars(r: dict[str, Any], top: int = 10) -> list[RemedyBar]:
+    """The rows of the ranked table (the user's configuration, then the ``top`` remedies) as bars, the recommended fix
+    marked (and added after them when it ranks lower)."""
+    plan = r["plan"]
+    recommended = (plan.get("recommended") or {}).get("name")
+    ranked = [(f"{i} · {x['name']}", x) for i, x in enumerate(plan["remedies"], start=1)
+              if x.get("per_gpu_peak_bytes") is not None]
+    shown = ranked[:top]
+    if recommended and all(x["name"] != recommended for _, x in shown):
+        shown += [(label, x) for label, x in ranked[top:] if x["name"] == recommended][:1]
+    seed = plan["seed"]
+    rows = ([("as configured · " + seed["name"].removeprefix(SEED_ROW_PREFIX), seed)]
+            if seed.get("per_gpu_peak_bytes") is not None else []) + shown
+    bars, marked = [], False
+    for label, x in rows:
+        chosen = not marked and x["name"] == recommended
+        marked = marked or chosen
+        bars.append(RemedyBar(label, int(x["per_gpu_peak_bytes"]),
+                              int(x["per_gpu_peak_bytes"]) + int(x["headroom_bytes"]), bool(x["fits"]), chosen))
+    return bars
+
+
+def plot_remedy_bars(r: dict[str, Any]) -> Any:
+    """The remedies figure beside the ranked table: per-GPU peak against capacity, the recommended fix marked."""
+    return plot_remedies(remedy_bars(r))
+
+
 SEED_HEADERS = ["figure", "user's message", "reproduced", "same"]
 
 
@@ -139,7 +220,7 @@ def seed_rows(r: dict[str, Any]) -> list[list[str]]:
 def reproduction(r: dict[str, Any]) -> str:
     rep = r["reproduce"]["reproduce"]
     if not rep["raised"]:
-        return (f"`model.to('cuda')` of {esc(rep['model'])} in {esc(rep['dtype'])} on one "
+        return (f"`model.to('cuda')` of {esc(model_name(rep['model']))} in {esc(rep['dtype'])} on one "
                 f"{esc(rep['gpu'])} succeeded on the {esc(rep['device'])} device: "
                 f"{format_size(rep['allocated_bytes'])} allocated, {format_size(rep['free_bytes'])} left.")
     ft = rep["failing_tensor"] or {}
@@ -148,9 +229,11 @@ def reproduction(r: dict[str, Any]) -> str:
     if is_seed_case(r) and honesty:
         same = sum(c["matches"] for c in r["reproduce"]["seed_comparison"])
         counts = honesty["counts"]
-        match = (f" {same} of the message's {len(r['reproduce']['seed_comparison'])} figures print as the user's; of "
-                 f"those, {counts['input']} are inputs, {counts['fitted']} is fitted and {counts['predicted']} are "
-                 "predicted (below).")
+        shown = len(r["reproduce"]["seed_comparison"])
+        match = (f" {same} of the message's {count(shown, 'figure')} {'prints' if same == 1 else 'print'} as the "
+                 f"user's; of those, {counts['input']} {'is an input' if counts['input'] == 1 else 'are inputs'}, "
+                 f"{counts['fitted']} {agree(counts['fitted'], 'is')} fitted and {counts['predicted']} "
+                 f"{agree(counts['predicted'], 'is')} predicted (below).")
     return (f"PyTorch's own `Module._apply` raised `{esc(rep['exception'])}` on the {esc(rep['device'])} device "
             f"while copying `{esc(ft.get('name', '?'))}` ({'×'.join(map(str, ft.get('shape', [])))}, "
             f"{esc(ft.get('dtype', '?'))}).{match}")
@@ -159,7 +242,8 @@ def reproduction(r: dict[str, Any]) -> str:
 def honesty(r: dict[str, Any]) -> str:
     """What the match is worth (the user's case): the figures' roles, the outside range, the layout finding."""
     h = r["reproduce"].get("honesty")
-    return h["markdown"] if h else ""
+    launch = r["reproduce"].get("launch") or {}  # notebook 01's launch-path account (oomlab.launch.prose)
+    return "\n\n".join(part for part in (h["markdown"] if h else "", launch.get("markdown", "")) if part)
 
 
 def message(r: dict[str, Any]) -> str:
@@ -185,13 +269,14 @@ def plot_variants(r: dict[str, Any]) -> Any:
 def evidence_of_budget(r: dict[str, Any]) -> str:
     agreement = r["budget"]["agreement"]
     small = r["budget"].get("small_scale") or []
-    text = (f"The analytic budget was checked against PyTorch's `MemTracker` on {agreement['setups']} full-size "
-            f"setups: the worst analytic/traced ratio is {agreement['worst_ratio']:.4f} "
+    text = (f"The analytic budget was checked against PyTorch's `MemTracker` on "
+            f"{count(agreement['setups'], 'full-size setup')}: the worst analytic/traced ratio is "
+            f"{agreement['worst_ratio']:.4f} "
             f"({esc(agreement['worst_setup'])}), within the ±{agreement['tolerance']:.0%} target.")
     if small:
         ratios = [float(row["ratio"]) for row in small]
         text += (f" Tiny models trained for real on CPU agree to within {max(abs(x - 1) for x in ratios):.1%} "
-                 f"({len(small)} setups measured for this report).")
+                 f"({count(len(small), 'setup')} measured for this report).")
     return text
 
 
@@ -211,7 +296,25 @@ def recommended_fix(r: dict[str, Any]) -> str:
     return (f"**{esc(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
             f"{format_size(rec['host_ram_bytes'])}. The files are in `{esc(plan['config_dir'])}` (the training "
             f"script `train.py`, `LAUNCH.md` with every command); run there:\n\n"
-            f"<pre>{esc(plan['launch_command'])}</pre>")
+            f"<pre>{esc(shell_lines(plan['launch_command']))}</pre>")
+
+
+def shell_lines(command: str, width: int = 48) -> str:
+    """A long shell command as continued lines (`` \\`` at each end), broken only before an option (kept with its
+    value), so a narrow screen never wraps it inside a flag or a path and it still pastes as one command."""
+    groups: list[str] = []
+    for word in command.split(" "):
+        if word.startswith("--") or not groups:
+            groups.append(word)
+        else:
+            groups[-1] += " " + word
+    lines: list[str] = []
+    for group in groups:
+        if lines and len(lines[-1]) + 1 + len(group) <= width:
+            lines[-1] += " " + group
+        else:
+            lines.append(group if not lines else "    " + group)
+    return " \\\n".join(lines)
 
 
 def config_files(r: dict[str, Any]) -> list[tuple[str, str]]:
@@ -230,25 +333,71 @@ def config_files(r: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _escape_outside_code(line: str) -> str:
+    """HTML-escape a Markdown line except inside its `code spans` (Markdown escapes those itself)."""
+    parts = line.split("`")
+    if len(parts) % 2 == 0:  # an unclosed backtick: no code span, escape it all
+        return esc(line)
+    return "`".join(part if k % 2 else esc(part) for k, part in enumerate(parts))
+
+
 def config_block(name: str, text: str) -> str:
-    return f"**{esc(name)}**\n\n<pre>{esc(text)}</pre>"
+    """One emitted file for the report: a config as an escaped code block; a Markdown file (``LAUNCH.md``) rendered
+    as Markdown, its headings moved below the report's own (``####`` and deeper, out of the contents), its user text
+    escaped outside code."""
+    if not name.endswith(".md"):
+        return f"<strong><code>{esc(name)}</code></strong>\n\n<pre>{esc(text)}</pre>"
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            out.append(line)
+        elif fenced:
+            out.append(line)  # a fenced block is shown verbatim: Markdown escapes it
+        elif line.startswith("#"):
+            out.append("###" + _escape_outside_code(line))
+        else:
+            out.append(_escape_outside_code(line))
+    return f"<strong><code>{esc(name)}</code></strong>\n\n" + "\n".join(out)
+
+
+OUTSIDE_NOTE = "outside PyTorch: "  # how the budget's notes begin the outside-PyTorch one
+
+
+def _outside_assumption(rep: dict[str, Any], notes: list[str]) -> tuple[str, list[str]]:
+    """The memory outside PyTorch as one item (loading, and training where the budget counts more), and the budget's
+    other notes: the figure is stated once, whichever notebook assumed it."""
+    loading = (f"{format_size(rep['outside_pytorch_bytes'])} while the model is moved to one GPU (the reproduction: "
+               f"{rep['outside_pytorch_source']})")
+    training = [n for n in notes if n.startswith(OUTSIDE_NOTE)]
+    rest = [n for n in notes if not n.startswith(OUTSIDE_NOTE)]
+    if not training:
+        return f"Memory held outside PyTorch on each GPU: {loading}.", rest
+    figure, _, parts = training[0][len(OUTSIDE_NOTE):].partition(" -- ")
+    if rep["outside_pytorch_source"] in parts:  # the training figure builds on the loading one: name its parts once
+        loading = f"{format_size(rep['outside_pytorch_bytes'])} while the model is moved to one GPU (the reproduction)"
+    return (f"Memory held outside PyTorch on each GPU: {loading}; {figure} in training"
+            + (f": {parts}" if parts else "") + ".", rest)
 
 
 def assumptions(r: dict[str, Any]) -> list[str]:
+    """Every assumption behind the report, each once (the notebooks state some of them twice)."""
     rep = r["reproduce"]["reproduce"]
+    outside, notes = _outside_assumption(rep, list(r["budget"]["configured"]["notes"]))
     items = [
-        f"Memory held outside PyTorch on each GPU: {format_size(rep['outside_pytorch_bytes'])} — "
-        f"{rep['outside_pytorch_source']}.",
+        outside,
         f"The reproduction ran on the {rep['device']} device: "
         + ("a model of PyTorch's CUDA caching allocator (torch 2.0 rules) under the real `Module._apply`."
            if rep["device"] == "simulated" else "a real GPU, capped to the chosen capacity."),
-        *r["budget"]["configured"]["notes"],
+        *notes,
         "Traced: PyTorch's MemTracker on fake tensors at full size (CPU); measured: real training steps of tiny "
         "models on CPU; computed: everything else (the analytic budget, throughput, host RAM).",
         *r["plan"]["assumptions"],
+        *(f"The user's setup: {a}" + ("." if "no launch files" in a else " (no launch file says otherwise).") for a in
+          (r["reproduce"].get("launch") or {}).get("assumptions", [])),
         "No GPU was used for this report unless the reproduction line above says so.",
     ]
-    return [esc(item) for item in items]
+    return [esc(item) for item in dict.fromkeys(items)]
 
 
 def versions() -> list[list[str]]:
