@@ -62,6 +62,25 @@ def install_chromium() -> str:
     return ""
 
 
+SLOW_ENV = "OOMLAB_SLOW"
+
+
+def slow_selected(config: pytest.Config) -> bool:
+    """Slow tests run when asked for: ``-m`` names ``slow`` (``-m slow``, ``-m "slow and not x"``) or OOMLAB_SLOW=1."""
+    expression = config.getoption("-m") or ""
+    return os.environ.get(SLOW_ENV) == "1" or ("slow" in expression and "not slow" not in expression)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked ``slow`` unless they are selected (plain ``pytest`` stays minutes, not hours)."""
+    if slow_selected(config):
+        return
+    skip = pytest.mark.skip(reason=f"slow: run with `pytest -m slow` or {SLOW_ENV}=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def chromium_path() -> str:
     """Path of a chromium executable, installed from Debian when missing; skips where that is impossible."""

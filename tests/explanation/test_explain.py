@@ -429,7 +429,7 @@ def test_cli_reads_stdin() -> None:
     [
         (["explain", "hello world"], "python -m oomlab explain: error: not a CUDA out-of-memory message: no 'CUDA out "
                                      "of memory. Tried to allocate …' in the input (11 characters)"),
-        (["explain", "--model", "llama-14b", "x"], "unknown model 'llama-14b'; known: llama-13b"),
+        (["explain", "--model", "llama-14b", "x"], "unknown model 'llama-14b'; known: falcon-7b, gemma-2-27b"),
         (["explain", "--gpu", "h9000", "x"], "unknown GPU 'h9000'; known: a100-40gb"),
         (["explain", "--dtype", "float8", "x"], "unknown dtype 'float8'"),
         (["explain", "--file", "/nonexistent/oom.txt"], "cannot read --file '/nonexistent/oom.txt'"),

@@ -333,3 +333,57 @@ def test_ipython_traceback_frames() -> None:
     assert [(f.function, f.line, f.code) for f in frames] == [
         ("_call_impl", 722, "result = self.forward(*input, **kwargs)"), ("step", 184, "")]
     assert frames[1].file.endswith("torch/optim/adamw.py")
+
+
+# ------------------------------------------------------------------------------------ units, whole messages
+
+
+@pytest.mark.parametrize(
+    ("unit", "tried", "total"),
+    [
+        # torch's own binary units: exact powers of 1024
+        ("MiB", 136 * MiB, None),
+        ("GiB", None, round(14.75 * GiB)),
+        # retyped decimal units: powers of 1000 (a user pasting "136.00 MB" by hand, or another tool's log)
+        ("MB", 136_000_000, None),
+        ("GB", None, 14_750_000_000),
+        ("KB", 136_000, None),
+        ("KiB", 136 * 1024, None),
+    ],
+)
+def test_units_in_a_whole_message(unit: str, tried: int | None, total: int | None) -> None:
+    """Each unit spelling is read at its own scale, inside a full torch<=2.0 message (MB != MiB, GB != GiB)."""
+    tried_text = f"136.00 {unit}" if tried is not None else "136.00 MiB"
+    total_text = f"14.75 {unit}" if total is not None else "14.75 GiB"
+    msg = parse_oom_message(f"CUDA out of memory. Tried to allocate {tried_text} (GPU 0; {total_text} total capacity; "
+                            "14.16 GiB already allocated; 40.81 MiB free; 14.16 GiB reserved in total by PyTorch)")
+    if tried is not None:
+        assert msg.tried.value_bytes == tried and msg.tried.low_bytes <= tried <= msg.tried.high_bytes
+        assert msg.tried.canonical == unit.endswith("iB")  # torch prints binary units only
+    if total is not None:
+        assert msg.total.value_bytes == total
+        assert msg.total.canonical == unit.endswith("iB")
+    assert msg.allocated.value_bytes == round(14.16 * GiB) and msg.free.value_bytes == round(40.81 * MiB)
+
+
+@pytest.mark.parametrize(
+    ("text", "figure", "value"),
+    [
+        # the new format in decimal units: each figure at 1000-based scale
+        ("CUDA out of memory. Tried to allocate 2.50 GB. GPU 0 has a total capacity of 79.15 GB of which 1.20 GB is "
+         "free. Of the allocated memory 75.00 GB is allocated by PyTorch, and 1.50 GB is reserved by PyTorch but "
+         "unallocated.", "total", 79_150_000_000),
+        ("CUDA out of memory. Tried to allocate 2.50 GB. GPU 0 has a total capacity of 79.15 GB of which 1.20 GB is "
+         "free. Of the allocated memory 75.00 GB is allocated by PyTorch, and 1.50 GB is reserved by PyTorch but "
+         "unallocated.", "reserved_unallocated", 1_500_000_000),
+        ("CUDA out of memory. Tried to allocate 512.00 MB. GPU 0 has a total capacity of 79.15 GiB of which 300.00 MB "
+         "is free. Of the allocated memory 75.00 GiB is allocated by PyTorch, and 1.50 GiB is reserved by PyTorch "
+         "but unallocated.", "free", 300_000_000),
+        ("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 79.15 GiB of which 300.00 "
+         "MiB is free. Of the allocated memory 75.00 GiB is allocated by PyTorch, and 1.50 GiB is reserved by PyTorch "
+         "but unallocated.", "free", 300 * MiB),
+    ],
+)
+def test_decimal_units_in_the_new_format(text: str, figure: str, value: int) -> None:
+    """torch>=2.1's wording with MB/GB (retyped) and MiB/GiB (as printed): each read at its own scale."""
+    assert getattr(parse_oom_message(text), figure).value_bytes == value

@@ -91,8 +91,8 @@ def test_config_path_is_quoted(tmp_path: Path) -> None:
     """A model given as a config.json path with a space is quoted for the shell."""
     path = tmp_path / "my model" / "config.json"
     path.parent.mkdir()
-    path.write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                                "num_attention_heads": 4, "vocab_size": 100}))
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}))
     command = next_step_command(explain(T4_OLD, model=str(path)))
     assert shlex.split(command)[4:6] == ["--model", str(path)]
 

@@ -49,6 +49,19 @@ def test_report_tells_the_seeds_story(seed_run) -> None:
     assert not re.search(r"<script\b[^>]*\bsrc=|<link\b[^>]*href=\"?https?:|@import|unpkg|cdnjs|jsdelivr", html)
 
 
+def test_report_shows_no_raw_markdown(seed_run) -> None:
+    """Every Markdown block of the seed's report is rendered: no **, ```, table rule, [link](...) or # heading as text
+    (LAUNCH.md included), the command in a code block, the remedies figure beside the ranked table."""
+    from oomlab.report.html import raw_markdown
+
+    out, _ = seed_run
+    html = (out / "report.html").read_text()
+    assert raw_markdown(html) == []
+    assert re.search(r"<pre>accelerate launch \\\n {4}--", html)
+    ranked = html.index('id="The-remedies,-ranked"')
+    assert html.index("data:image/png;base64,", ranked) < html.index('id="The-recommended-fix"')
+
+
 def test_report_in_headless_chromium(seed_run, browser) -> None:
     """Zero network requests, no console errors, every image decoded, the verdict visible; a screenshot saved."""
     out, _ = seed_run

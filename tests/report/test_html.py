@@ -11,7 +11,7 @@ import pytest
 from nbconvert import HTMLExporter
 
 from oomlab.core.errors import ReportError
-from oomlab.report.html import add_toc, network_references, render_html, render_report
+from oomlab.report.html import add_toc, network_references, raw_markdown, render_html, render_report
 
 # A 1x1 transparent PNG, as a matplotlib output would carry it (base64 in the notebook).
 PNG_B64 = base64.b64encode(
@@ -241,3 +241,120 @@ def test_add_toc_without_headings_is_identity() -> None:
     """HTML without markdown headings is returned unchanged."""
     html = "<html><body><main><p>no headings</p></main></body></html>"
     assert add_toc(html) == html
+
+
+# ------------------------------------------------------------------------------------ raw Markdown
+
+
+@pytest.mark.parametrize(
+    ("snippet", "marker"),
+    [
+        ("<p>**As configured, no.** It fails.</p>", "bold"),
+        ("<p>see ```\nx\n```</p>", "code fence"),
+        ("<p>| config | strategy |\n|---|---|</p>", "table rule"),
+        ("<p>| a |\n| --- |</p>", "table rule"),  # spaced rule
+        ("<p>[the docs](https://pytorch.org/docs)</p>", "link"),
+        ("<p>## The answer</p>", "heading"),
+        ("<pre># Launching\n| --- |\n```\naccelerate launch\n```</pre>", "code fence"),  # LAUNCH.md shown raw
+    ],
+)
+def test_raw_markdown_is_found(snippet: str, marker: str) -> None:
+    """Each Markdown marker left as text is reported with its kind."""
+    found = raw_markdown(f"<html><body><main>{snippet}</main></body></html>")
+    assert any(item.startswith(marker) for item in found), found
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "<p><strong>As configured, no.</strong> <a href='https://x.org'>the docs</a></p>",
+        "<pre>def f(**kwargs):\n    return kwargs</pre>",  # Python in code
+        "<pre># accelerate config\ndistributed_type: MULTI_GPU</pre>",  # a YAML comment in code
+        "<table><tr><th>#</th><th>remedy</th></tr></table>",  # the ranked table's '#' column
+        "<style>.a { x: 1 } /* ** */</style><p>ok</p>",
+    ],
+)
+def test_rendered_markdown_is_clean(snippet: str) -> None:
+    """Rendered Markdown, code and CSS are not mistaken for raw Markdown."""
+    assert raw_markdown(f"<html><head></head><body><main>{snippet}</main></body></html>") == []
+
+
+LAUNCH_SAMPLE = """# Launching the remedies
+
+Written by oomlab, for `<script>alert(1)</script>` (a model path), run **here**.
+
+| config | strategy | what accelerate builds |
+|---|---|---|
+| `accelerate_ddp.yaml` | `ddp` | DistributedDataParallel |
+
+## DDP · QLoRA r8
+
+```
+accelerate launch --config_file accelerate_ddp.yaml --num_processes 4 train.py --model '<b>x</b>'
+```
+"""
+
+
+def markdown_notebook(path: Path, *markdown_outputs: str) -> Path:
+    """An executed notebook whose code cells display the given Markdown, as ``display(Markdown(...))`` leaves it."""
+    cells = [nbformat.v4.new_markdown_cell("# The report\n\nIntro.")]
+    for k, text in enumerate(markdown_outputs, start=1):
+        cell = nbformat.v4.new_code_cell("display(Markdown(x))", execution_count=k)
+        cell.outputs = [output("display_data", **{"text/markdown": text, "text/plain": "<Markdown>"})]
+        cells.append(cell)
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nbformat.write(nb, path)
+    return path
+
+
+def test_launch_md_renders_as_markdown(tmp_path: Path) -> None:
+    """LAUNCH.md in the report: a table, a heading below the report's own and a code block; no marker left, the
+    model path's markup escaped in text and code alike, the file's headings kept out of the contents."""
+    from oomlab.report.story import config_block
+
+    html = render_html(markdown_notebook(tmp_path / "04.ipynb", config_block("LAUNCH.md", LAUNCH_SAMPLE)))
+    assert raw_markdown(html) == []
+    assert "<table" in html and "<h4" in html and "<strong>here</strong>" in html
+    assert "<script>alert(1)</script>" not in html and "<b>x</b>" not in html
+    assert "accelerate launch --config_file accelerate_ddp.yaml" in html
+    toc = re.search(r"<nav\b[^>]*oomlab-toc.*?</nav>", html, re.DOTALL).group(0)
+    assert "The report" in toc and "Launching the remedies" not in toc
+
+
+def test_config_block_of_a_config_is_code(tmp_path: Path) -> None:
+    """A YAML config is one escaped code block, its comments kept as text, not turned into headings."""
+    from oomlab.report.story import config_block
+
+    yaml = "# written by oomlab\ndistributed_type: MULTI_GPU\nnum_processes: 4\n"
+    html = render_html(markdown_notebook(tmp_path / "04.ipynb", config_block("accelerate_ddp.yaml", yaml)))
+    assert "<pre># written by oomlab\ndistributed_type: MULTI_GPU" in html
+    assert raw_markdown(html) == []
+
+
+def test_markdown_shown_as_text_is_caught(tmp_path: Path) -> None:
+    """The old way (Markdown as plain text output) leaves markers that the check names."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# T")])
+    cell = nbformat.v4.new_code_cell("print(doc)", execution_count=1)
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=LAUNCH_SAMPLE)]
+    nb.cells.append(cell)
+    nbformat.write(nb, tmp_path / "x.ipynb")
+    found = raw_markdown(render_html(tmp_path / "x.ipynb"))
+    assert {f.split(":")[0] for f in found} >= {"code fence in code", "table rule in code"}
+
+
+def test_committed_screenshots_are_the_scripts() -> None:
+    """docs/screenshots/ holds one PNG per width and section that scripts/screenshot_report.py shoots, at that width
+    (times the device scale), so a new section or width is shot and committed too."""
+    import importlib.util
+    import struct
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("screenshot_report", root / "scripts" / "screenshot_report.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    expected = {f"{name}-{stem}.png": (width * scale, height * scale)
+                for name, width, height, scale in script.VIEWPORTS for stem, _ in script.SECTIONS}
+    assert {p.name for p in script.OUT_DIR.glob("*.png")} == set(expected)
+    for name, size in expected.items():
+        head = (script.OUT_DIR / name).read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == size, name

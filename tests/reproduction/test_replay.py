@@ -113,7 +113,7 @@ def test_non_pytorch_memory_changes_the_failure_point() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"model": "gpt-5"}, UnknownNameError, "unknown model 'gpt-5'; known: llama-13b"),
+        ({"model": "gpt-5"}, UnknownNameError, "unknown model 'gpt-5'; known: falcon-7b, gemma-2-27b"),
         ({"gpu": "k80"}, UnknownNameError, "unknown GPU 'k80'; known: a100-40gb"),
         ({"dtype": "int4"}, UnknownNameError, "unknown dtype 'int4'"),
         ({"device": "tpu"}, UnknownNameError, "unknown device 'tpu'; known: auto, cuda, simulated"),

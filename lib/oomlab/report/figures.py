@@ -205,3 +205,110 @@ def plot_fit_maps(maps: Sequence[Any], title: str = "Per-GPU peak over micro-bat
     fig.suptitle(title, fontsize=9)
     fig.subplots_adjust(top=0.78, wspace=0.35)
     return fig
+
+
+@dataclass(frozen=True)
+class RemedyBar:
+    """One remedy in the remedies figure: its per-GPU peak against one GPU's capacity."""
+
+    label: str  # "1 · DDP · QLoRA r8 · …", "as configured · …"
+    per_gpu_peak_bytes: int
+    capacity_bytes: int
+    fits: bool  # on the GPUs and in host RAM (a remedy can fit the GPU but not the host)
+    chosen: bool = False  # the recommended fix
+
+    @property
+    def gpu_fits(self) -> bool:
+        return self.per_gpu_peak_bytes <= self.capacity_bytes
+
+
+REMEDY_COLORS = {"fits": "#55a868", "host": "#ccb974", "no": "#c44e52"}
+
+
+def plot_remedies(bars: Sequence[RemedyBar], title: str = "The ranked remedies: per-GPU peak against capacity") -> Any:
+    """One horizontal bar per remedy (ranked order, top first): its per-GPU peak against the GPU's capacity (a black
+    line); green where it fits, amber where the GPU fits but host RAM does not, red where the GPU does not.  The axis
+    is linear up to twice the capacity; a longer bar is cut there with an arrow and its value.  The recommended fix is
+    outlined and named."""
+    import textwrap
+
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    fig = Figure(figsize=(10, 0.5 * len(bars) + 1.9), dpi=110)
+    ax = fig.subplots()
+    capacity = max((bar.capacity_bytes for bar in bars), default=GiB) / GiB
+    limit = 2.0 * capacity
+    for index, bar in enumerate(bars):
+        kind = "fits" if bar.fits else ("host" if bar.gpu_fits else "no")
+        value = bar.per_gpu_peak_bytes / GiB
+        shown = min(value, limit * 0.97)
+        ax.barh(index, shown, color=REMEDY_COLORS[kind], height=0.7,
+                edgecolor="black" if bar.chosen else "none", linewidth=2 if bar.chosen else 0)
+        note = format_size(bar.per_gpu_peak_bytes) + ("  ◀ recommended" if bar.chosen else "")
+        if value > shown:  # cut: the value inside the bar, an arrow at the cut
+            ax.annotate("", xy=(limit, index), xytext=(limit * 0.9, index),
+                        arrowprops={"arrowstyle": "->", "color": "black"})
+            ax.text(limit * 0.88, index, f"{note} ", va="center", ha="right", fontsize=7.5, color="white",
+                    fontweight="bold")
+        else:
+            ax.text(shown, index, f"  {note}", va="center", fontsize=7.5, fontweight="bold" if bar.chosen else "normal")
+    ax.axvline(capacity, color="black", linewidth=1.5)
+    ax.text(capacity, -0.75, f" capacity {format_size(round(capacity * GiB))}", fontsize=7.5, va="center")
+    labels = ["\n".join(textwrap.wrap(bar.label, 58)[:2]) for bar in bars]
+    ax.set_yticks(range(len(bars)), labels, fontsize=7)
+    for tick, bar in zip(ax.get_yticklabels(), bars, strict=True):
+        if bar.chosen:
+            tick.set_fontweight("bold")
+    ax.set_ylim(len(bars) - 0.5, -1.2)
+    ax.set_xlim(0, limit)
+    ax.set_xlabel("GiB per GPU (bars longer than twice the capacity are cut, their value written in them)", fontsize=8)
+    fig.legend(handles=[Patch(color=REMEDY_COLORS["fits"], label="fits"),
+                        Patch(color=REMEDY_COLORS["host"], label="GPU fits, host RAM does not"),
+                        Patch(color=REMEDY_COLORS["no"], label="does not fit the GPU")],
+               fontsize=7.5, loc="lower center", ncol=3, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+@dataclass(frozen=True)
+class CostPoint:
+    """One hardware row that fits, priced: cost per million training tokens against tokens per second."""
+
+    label: str  # "8 × a100-80gb"
+    usd_per_million_tokens: float
+    tokens_per_s: float
+    on_front: bool  # on the pareto front (no other row is both cheaper per token and faster)
+
+
+def plot_pareto(points: Sequence[CostPoint], title: str = "Which GPUs would it fit: cost against speed") -> Any:
+    """Every priced hardware row that fits as a point (log-log): list-price $ per million training tokens against
+    estimated tokens/s; the pareto front joined and labelled GPU × count, the other points grey."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.6), dpi=110)
+    ax = fig.subplots()
+    rest = [p for p in points if not p.on_front]
+    front = sorted((p for p in points if p.on_front), key=lambda p: p.usd_per_million_tokens)
+    if rest:
+        ax.scatter([p.tokens_per_s for p in rest], [p.usd_per_million_tokens for p in rest], s=14, color="#8c8c8c",
+                   alpha=0.6, label="fits, dominated")
+    if front:
+        ax.plot([p.tokens_per_s for p in front], [p.usd_per_million_tokens for p in front], "-o", color="#4c72b0",
+                markersize=5, label="pareto front")
+        for p in front:
+            ax.annotate(p.label, (p.tokens_per_s, p.usd_per_million_tokens), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)
+    if points:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7, loc="upper right")
+    ax.set_xlabel("estimated training tokens/s (all GPUs)", fontsize=8)
+    ax.set_ylabel("$ per million training tokens (dated list price)", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    return fig

@@ -54,6 +54,39 @@ def network_references(html: str) -> list[str]:
     return [m.group(0) for pattern in NETWORK_PATTERNS for m in pattern.finditer(html)]
 
 
+# Markdown that a reader should never see as text: it means a block went through as plain text (or inside <pre>)
+# instead of being rendered.  In code (<pre>, <code>) only a fence or a table rule counts: ``**kwargs`` is Python and
+# ``# comment`` YAML, but no config or command holds a Markdown fence or table.
+RAW_MARKDOWN_PATTERNS = (
+    ("bold", re.compile(r"\*\*")),
+    ("code fence", re.compile(r"```")),
+    ("table rule", re.compile(r"\|\s*:?-{3,}:?\s*\|")),
+    ("link", re.compile(r"\[[^\]\n]{1,200}\]\((?:https?://|#|\.{0,2}/)[^)\s]{0,300}\)")),
+    ("heading", re.compile(r"(?m)^[ \t]{0,3}#{1,6}[ \t]+\S")),
+)
+
+
+IN_CODE = ("code fence", "table rule")
+
+
+def raw_markdown(html: str) -> list[str]:
+    """Every Markdown marker left as text in ``html`` (``**``, a code fence, a table rule, a link, a heading line;
+    in code, a fence or a table rule only); empty when the page shows only rendered Markdown."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, features="html.parser")
+    for tag in soup(["style", "script", "head"]):
+        tag.decompose()
+    code = [tag.extract() for tag in soup(["pre", "code"])]
+    found = [f"{name}: {m.group(0)[:80]!r}" for name, pattern in RAW_MARKDOWN_PATTERNS
+             for m in pattern.finditer(soup.get_text("\n"))]
+    for tag in code:
+        text = tag.get_text()
+        found += [f"{name} in code: {m.group(0)[:80]!r}" for name, pattern in RAW_MARKDOWN_PATTERNS
+                  if name in IN_CODE for m in pattern.finditer(text)]
+    return found
+
+
 def _title(nb: object, fallback: str) -> str:
     """The text of the notebook's first markdown H1, else ``fallback``."""
     for cell in nb.cells:  # type: ignore[attr-defined]
