@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from oomlab.cli import main
+from oomlab.core.gpus import known_gpus
+from tests.cli_support import run_refused
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -38,7 +40,7 @@ def test_reproduce_text_output(capsys) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["reproduce", "--model", "llama-14b"], "unknown model 'llama-14b'; known: llama-13b"),
+        (["reproduce", "--model", "llama-14b"], "unknown model 'llama-14b'; known: falcon-7b, gemma-2-27b"),
         (["reproduce", "--dtype", "float8"], "unknown dtype 'float8'"),
         (["reproduce", "--gpu", "h9000"], "unknown GPU 'h9000'; known: a100-40gb"),
         (["reproduce", "--non-pytorch-mib", "-5"], "invalid value '-5'; must be >= 0 MiB"),
@@ -148,3 +150,29 @@ def test_budget_cli_passes_checkpointing(capsys) -> None:
     assert on["allocated_peak_bytes"] < off["allocated_peak_bytes"]
     assert main(["budget", "--gpus", "1", "--method", "lora", "--checkpointing"]) == 0
     assert "checkpointing on" in capsys.readouterr().out
+
+
+def test_plan_any_gpu_json(capsys) -> None:
+    """`plan --any-gpu --json`: one row per GPU type and count, the three winners named, integer bytes."""
+    assert main(["plan", "--any-gpu", "--model", "qwen2.5-0.5b", "--method", "lora", "--max-gpus", "2",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {(o["gpu"], o["gpus"]) for o in data["options"]} == {(g, n) for g in known_gpus() for n in (1, 2)}
+    assert data["methods"] == ["lora"] and data["cheapest"] and data["fastest"] and data["fewest_gpus"]
+    assert all(isinstance(o["per_gpu_peak_bytes"], int) for o in data["options"] if o["fits"])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["plan", "--any-gpu", "--max-gpus", "0"], "argument --max-gpus: invalid value '0'; must be an integer >= 1"),
+    (["plan", "--any-gpu", "--max-gpus", "100"], "invalid max_gpus 100; must be an integer from 1 to 72"),
+    (["plan", "--any-gpu", "--gpu", "t4"], "--any-gpu searches every GPU type and count; drop --gpu (got --gpu t4)"),
+    (["plan", "--any-gpu", "--gpus", "2"], "drop --gpus (got --gpus 2)"),
+    (["plan", "--any-gpu", "--prices", "/nonexistent.json"], "price table '/nonexistent.json': file not found"),
+    (["plan", "--prices", "p.json"], "--prices applies to plan --any-gpu only (got --prices p.json)"),
+    (["plan", "--method", "lora"], "--method applies to plan --any-gpu only"),
+])
+def test_plan_any_gpu_bad_input(argv: list[str], message: str, capsys) -> None:
+    """Bad --any-gpu input exits 2 naming the value, before any search."""
+    code, err = run_refused(argv, capsys, "oomlab.remedies.hardware.search_hardware")
+    assert code == 2
+    assert message in err

@@ -22,8 +22,10 @@ from oomlab.explorer import (
     explore,
     explorer_intro,
     largest_micro_batch,
+    render_hardware_html,
     render_verdict,
     render_verdict_html,
+    search_for,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -296,3 +298,34 @@ def test_intro_speaks_of_the_chosen_case() -> None:
     text = explorer_intro(Choices(model="mistral-7b", gpu="a100-80gb", gpus=2, method="lora"))
     assert "mistral-7b" in text and "A100" in text and "LoRA r8" in text
     assert "llama-13b" not in text and "T4" not in text
+
+
+def test_hardware_button_shows_the_ranking_for_the_chosen_model_and_method(explorer) -> None:
+    """The button runs the search for the chosen model and method and shows the winners and every row."""
+    explorer.set_choices(Choices(model="qwen2.5-0.5b", gpus=1, strategy="single", method="lora", seq=512))
+    assert explorer.hardware.value == ""
+    explorer.search_button.click()
+    search = explorer.search
+    assert search is not None and search.model == "qwen2.5-0.5b" and [m.value for m in search.methods] == ["lora"]
+    html_text = explorer.hardware.value
+    assert "<b>cheapest per token</b>" in html_text and search.fastest.label in html_text
+    assert html_text.count("<tr>") == len(search.options) + 1  # the header and one row per GPU type and count
+    assert {o.gpu for o in search.options} == set(known_gpus())
+
+
+def test_hardware_table_clears_when_the_model_or_method_changes(explorer) -> None:
+    """A changed method makes the shown search stale: cleared; a changed GPU does not (the search covers it)."""
+    explorer.set_choices(Choices(model="qwen2.5-0.5b", gpus=1, strategy="single", method="lora", seq=512))
+    explorer.search_button.click()
+    shown = explorer.hardware.value
+    explorer.controls["gpu"].value = "a10g"
+    assert explorer.hardware.value == shown
+    explorer.controls["method"].value = "qlora"
+    assert explorer.hardware.value == "" and explorer.search is None
+
+
+def test_hardware_search_of_invalid_choices_says_why() -> None:
+    """A sequence past the model's context is refused by the search, and the view says why."""
+    with pytest.raises(InvalidValueError, match="invalid seq 10000000") as info:
+        search_for(Choices(model="qwen2.5-0.5b", method="lora", seq=10**7))
+    assert render_hardware_html(info.value).endswith(f"cannot search: {info.value}</div>")

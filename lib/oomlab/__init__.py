@@ -25,5 +25,7 @@ def __getattr__(name: str):  # lazy: ``import oomlab`` stays light; torch loads 
         import importlib
 
         module, function = _ENTRY_POINTS[name]
-        return getattr(importlib.import_module(module), function)
+        entry = getattr(importlib.import_module(module), function)
+        globals()[name] = entry  # later look-ups find it directly (module __getattr__ runs only for missing names)
+        return entry
     raise AttributeError(f"module 'oomlab' has no attribute {name!r}")

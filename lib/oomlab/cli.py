@@ -20,6 +20,7 @@ from oomlab.core.choices import Attention, Device, MessageFormat, Method, Optimi
 from oomlab.core.errors import InvalidValueError, OomlabError, PipelineError
 from oomlab.core.gpus import known_gpus
 from oomlab.core.models import known_models
+from oomlab.core.prices import HOST_RAM_AUTO
 from oomlab.core.setup import LORA_TARGET_CHOICES
 from oomlab.core.units import parse_memory_size
 from oomlab.pipeline.params import PARAMETERS, render_params_help
@@ -54,6 +55,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}; must be an integer >= 1")
     return value
+
+
+class _StoreGiven(argparse.Action):
+    """Store the value and note that the option was given (``plan --any-gpu`` refuses ``--gpu`` and ``--gpus``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
 
 
 _P = PARAMETERS  # one set of defaults: the pipeline's parameters (the seed's case)
@@ -124,7 +134,9 @@ def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets}
 
 
-def _host_ram_argument(text: str) -> int:
+def _host_ram_argument(text: str) -> int | str:
+    if text.strip().lower() == HOST_RAM_AUTO:
+        return HOST_RAM_AUTO
     try:
         return parse_memory_size(text)
     except OomlabError as err:
@@ -194,12 +206,23 @@ def build_parser() -> argparse.ArgumentParser:
     pln = sub.add_parser("plan", help="every remedy for training the model on these GPUs: budgeted, ranked, "
                          "with the knob table and the launch files", formatter_class=_Formatter)
     pln.add_argument("--model", default=_P["model"].default, help=_model_help())
-    pln.add_argument("--gpu", default=_P["gpu"].default, help=_gpu_help())
-    pln.add_argument("--gpus", type=_positive_int, default=_P["gpus"].default, help="GPUs per node")
-    pln.add_argument("--nodes", type=_positive_int, default=1, help="nodes")
-    pln.add_argument("--host-ram", type=_host_ram_argument, default=_P["host_ram"].default,
-                     help="host RAM per node, with its unit (the default is an assumption: the 4 x T4 "
-                     "g4dn.12xlarge's)")
+    pln.add_argument("--gpu", default=_P["gpu"].default, action=_StoreGiven, help=_gpu_help())
+    pln.add_argument("--gpus", type=_positive_int, default=_P["gpus"].default, action=_StoreGiven,
+                     help="GPUs per node")
+    pln.add_argument("--nodes", type=_positive_int, default=1,
+                     help="nodes (with --any-gpu: also search 2, 4, ... up to this many nodes of --max-gpus GPUs)")
+    pln.add_argument("--any-gpu", action="store_true",
+                     help="search every GPU type x 1, 2, 4, ... --max-gpus GPUs: the best remedy on each, ranked "
+                     "by cost per token, speed and GPU count")
+    pln.add_argument("--method", choices=[m.value for m in Method], action="append", default=None,
+                     help="with --any-gpu: the methods the search may use (repeatable; default: every method)")
+    pln.add_argument("--max-gpus", type=_positive_int, default=8, help="with --any-gpu: the most GPUs per node")
+    pln.add_argument("--prices", type=Path, default=None, metavar="FILE",
+                     help="with --any-gpu: a price table JSON ({'instances': [{provider, instance, gpu, "
+                     "gpus_per_instance, usd_per_hour}, ...]}; default: oomlab's dated list prices)")
+    pln.add_argument("--host-ram", type=_host_ram_argument, default=_P["host_ram"].default, action=_StoreGiven,
+                     help="host RAM per node, with its unit; auto (the default) assumes the listed instance "
+                     "with these GPUs (specs/prices.json), else the seed's 4 x T4 g4dn.12xlarge's 192 GiB")
     pln.add_argument("--seq", type=_positive_int, default=_P["seq"].default, help="target sequence length")
     pln.add_argument("--batch", type=_positive_int, default=_P["batch"].default,
                      help="the user's micro-batch per GPU")
@@ -214,6 +237,27 @@ def build_parser() -> argparse.ArgumentParser:
     pln.add_argument("--write-configs", type=Path, nargs="?", const=CONFIGS_DIR, default=None, metavar="DIR",
                      help=f"also write the launch files (into {CONFIGS_DIR} when no folder is given)")
     pln.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    chk = sub.add_parser("check", help="read the user's launch files and command: where the run fails first "
+                         "(load or step, which phase), the per-GPU budget and the smallest fix",
+                         formatter_class=_Formatter)
+    chk.add_argument("--launch", default=None, metavar="COMMAND",
+                     help="the launch command line, quoted: torchrun / accelerate launch / deepspeed / python ...")
+    chk.add_argument("--launch-dir", type=Path, default=None, metavar="DIR",
+                     help="a folder of launch files (launch.txt, accelerate*.yaml, DeepSpeed JSON, training_args.json,"
+                     " adapter_config.json, quantization_config.json, config.json)")
+    chk.add_argument("--accelerate-config", default=None, metavar="F", help="accelerate config YAML")
+    chk.add_argument("--deepspeed", default=None, metavar="F", help="DeepSpeed JSON")
+    chk.add_argument("--training-args", default=None, metavar="F", help="HF TrainingArguments as JSON")
+    chk.add_argument("--adapter-config", default=None, metavar="F", help="peft adapter_config.json")
+    chk.add_argument("--quantization-config", default=None, metavar="F", help="a quantization_config JSON")
+    chk.add_argument("--model", default=None, help=_model_help() + " (none: from the launch)")
+    chk.add_argument("--gpu", required=True, help=_gpu_help())
+    chk.add_argument("--gpus", type=_positive_int, default=None, help="GPUs per node (none: as the launch says)")
+    chk.add_argument("--host-ram", type=_host_ram_argument, default=_P["host_ram"].default,
+                     help="host RAM per node, with its unit (an assumption unless given)")
+    chk.add_argument("--json", action="store_true", help="print the answer as JSON")
+    chk.add_argument("--markdown", action="store_true", help="print a reply to paste under the user's GitHub issue")
 
     run = sub.add_parser("run", help="run the notebooks with papermill and render outputs/report.html",
                          epilog=render_params_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -304,9 +348,35 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan_any_gpu(args: argparse.Namespace) -> int:
+    """``plan --any-gpu``: every GPU type and count, refused flags named before any work."""
+    for flag, dest in (("--gpu", "gpu"), ("--gpus", "gpus"), ("--write-configs", "write_configs")):
+        if getattr(args, f"{dest}_given", False) or (dest == "write_configs" and args.write_configs is not None):
+            raise InvalidValueError(f"--any-gpu searches every GPU type and count; drop {flag} (got {flag} "
+                                    f"{getattr(args, dest)}) or drop --any-gpu; --max-gpus sets the most GPUs")
+    from oomlab.core.prices import load_prices
+    from oomlab.remedies import hardware
+
+    hardware.gpu_counts(args.max_gpus)  # refused before any work
+    nodes = hardware.node_counts(args.nodes)
+    table = load_prices(args.prices) if args.prices is not None else None
+    search = hardware.search_hardware(model=args.model, methods=args.method, max_gpus=args.max_gpus, nodes=nodes,
+                             seq=args.seq, host_ram=args.host_ram if getattr(args, "host_ram_given", False) else None,
+                             prices=table, lora_rank=args.lora_rank)
+    print(json.dumps(search.to_dict(), indent=2) if args.json else hardware.render_search(search).rstrip("\n"))
+    return 0
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from oomlab.remedies.display import render_plan
     from oomlab.remedies.plan import make_plan
+
+    if args.any_gpu:
+        return _cmd_plan_any_gpu(args)
+    for flag, value in (("--method", args.method), ("--prices", args.prices)):
+        if value is not None:
+            raise InvalidValueError(f"{flag} applies to plan --any-gpu only (got {flag} {value}); the plan of one "
+                                    "GPU type ranks every method")
 
     plan = make_plan(model=args.model, gpu=args.gpu, gpus=args.gpus, nodes=args.nodes, host_ram=args.host_ram,
                      seq=args.seq, batch=args.batch, precision=args.precision, optimizer=args.optimizer,
@@ -340,11 +410,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    from oomlab.launch.check import check_launch
+    from oomlab.launch.display import render_check, render_markdown
+    from oomlab.launch.inputs import check_inputs
+
+    inputs = check_inputs(launch=args.launch, launch_dir=args.launch_dir, accelerate_config=args.accelerate_config,
+                          deepspeed=args.deepspeed, training_args=args.training_args,
+                          adapter_config=args.adapter_config, quantization_config=args.quantization_config,
+                          model=args.model, gpu=args.gpu, gpus=args.gpus)
+    result = check_launch(inputs, host_ram=args.host_ram)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    elif args.markdown:
+        print(render_markdown(result))
+    else:
+        print(render_check(result))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else argv))
     handlers: dict[str, Any] = {"reproduce": _cmd_reproduce, "explain": _cmd_explain, "budget": _cmd_budget,
-                                "plan": _cmd_plan, "run": _cmd_run}
+                                "plan": _cmd_plan, "run": _cmd_run, "check": _cmd_check}
     try:
         return handlers[args.command](args)
     except BrokenPipeError:  # `python -m oomlab ... | head`: the reader left; say nothing more

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import io
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -24,11 +25,15 @@ from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strateg
 from oomlab.core.errors import InvalidValueError, OomlabError, UnknownNameError
 from oomlab.core.gpus import known_gpus, load_gpu
 from oomlab.core.models import known_models, load_model
+from oomlab.core.prices import resolve_host_ram
 from oomlab.core.search import largest_true
 from oomlab.core.setup import LORA_TARGET_CHOICES, MAX_GPUS_PER_NODE, MAX_NODES, TrainingSetup, make_setup
-from oomlab.core.units import GiB, MiB, format_size, parse_memory_size
+from oomlab.core.units import GiB, MiB, format_size
 from oomlab.pipeline.params import PARAMETERS
+from oomlab.remedies.hardware import HardwareSearch, search_hardware
+from oomlab.report import hardware as report_hardware
 from oomlab.report.figures import PALETTE
+from oomlab.report.tables import html_table
 
 MAX_BATCH_SEARCH = 4096  # the largest micro-batch the search tries; "4096 or more" beyond it
 
@@ -59,7 +64,7 @@ class Choices:
     attention: str = _default("attention")
     lora_rank: int = _default("lora_rank")  # used by lora / qlora only
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS  # used by lora / qlora only
-    host_ram_bytes: int = parse_memory_size(_default("host_ram"))  # host RAM of each node
+    host_ram_bytes: int = resolve_host_ram(_default("host_ram"), _default("gpu"), _default("gpus")).host_ram_bytes
     outside_mib: float | None = None  # memory outside PyTorch per GPU; None: the shipped figure for the GPU
 
     def setup(self) -> TrainingSetup:
@@ -308,6 +313,29 @@ def _side_label(text: str) -> Any:
                   layout=w.Layout(width="120px", min_width="120px"))
 
 
+def hardware_key(choices: Choices) -> tuple[Any, ...]:
+    """What the hardware search depends on (not the GPU, its count or the host RAM: it searches those)."""
+    return (choices.model, choices.method, choices.seq, choices.attention, choices.lora_rank)
+
+
+def search_for(choices: Choices) -> HardwareSearch:
+    """Which GPUs would train the chosen model with the chosen method: every GPU type x 1, 2, 4, 8 (each row's
+    host RAM assumed from its listed instance); raises :class:`OomlabError` with the reason for invalid choices."""
+    return search_hardware(choices.model, (choices.method,), seq=choices.seq, attention=choices.attention,
+                           lora_rank=choices.lora_rank)
+
+
+def render_hardware_html(search: HardwareSearch | OomlabError) -> str:
+    """The search as HTML: the rankings' winners, then one row per GPU type and count (or why the search could not
+    run)."""
+    if isinstance(search, OomlabError):
+        return f'<div style="color:{RED}">cannot search: {html.escape(str(search))}</div>'
+    data = search.to_dict()
+    winners = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", report_hardware.winners(data))  # its user text is escaped
+    table = html_table(report_hardware.HARDWARE_HEADERS, report_hardware.hardware_rows(data, compact=False))
+    return f'<div class="oomlab-hardware"><p>{winners}</p>{table}</div>'
+
+
 class Explorer:
     """The widgets and their callback: every change of a control re-estimates and redraws.
 
@@ -327,7 +355,14 @@ class Explorer:
         self.bar.add_class("oomlab-bar")
         rows = [w.HBox([_side_label("method"), control]) if name == "method" else control
                 for name, control in self.controls.items()]  # ToggleButtons' own description wraps above them
-        self.ui = w.HBox([w.VBox(rows), w.VBox([self.bar, self.verdict])],
+        self.search_button = w.Button(description="Which GPUs would it fit?", layout=w.Layout(width="240px"),
+                                      tooltip="every GPU type x 1, 2, 4, 8 for this model and method (seconds)")
+        self.hardware = w.HTML(layout=w.Layout(width="560px"))
+        self.hardware.add_class("oomlab-hardware")
+        self.search: HardwareSearch | None = None
+        self._searched_key: tuple[Any, ...] | None = None
+        self.search_button.on_click(lambda _button: self.run_search())
+        self.ui = w.HBox([w.VBox(rows), w.VBox([self.bar, self.verdict, self.search_button, self.hardware])],
                          layout=w.Layout(flex_flow="row wrap"))  # the bar goes below the controls when narrow
         self.ui.add_class("oomlab-explorer")
         self.exploration: Exploration | None = None
@@ -374,8 +409,26 @@ class Explorer:
         self.bar.value = self.chart.render(exploration)
         self.verdict.value = render_verdict_html(exploration)
         self.exploration = exploration
+        if self._searched_key is not None and self._searched_key != hardware_key(exploration.choices):
+            self.hardware.value, self.search, self._searched_key = "", None, None  # stale: press the button again
         self.last_update_s = time.perf_counter() - start
         return exploration
+
+    def run_search(self) -> HardwareSearch | None:
+        """The button: search every GPU type and count for the chosen model and method; show the ranking table."""
+        choices = self.choices
+        self.search_button.disabled = True
+        self.hardware.value = "searching every GPU type and count..."
+        try:
+            self.search = search_for(choices)
+            self.hardware.value = render_hardware_html(self.search)
+        except OomlabError as err:
+            self.search = None
+            self.hardware.value = render_hardware_html(err)
+        finally:
+            self.search_button.disabled = False
+        self._searched_key = hardware_key(choices)
+        return self.search
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.ui._repr_mimebundle_(**kwargs)
@@ -423,7 +476,7 @@ def build_explorer(
     for target in targets:
         if target not in LORA_TARGET_CHOICES:
             raise UnknownNameError("LoRA target module", target, LORA_TARGET_CHOICES)
-    host = host_ram if isinstance(host_ram, int) and not isinstance(host_ram, bool) else parse_memory_size(host_ram)
+    host = resolve_host_ram(host_ram, load_gpu(gpu).name, gpus).host_ram_bytes  # auto: the GPUs' machine's
     load_model(model)  # an unknown name or a missing config.json is refused here, naming it
     choices = Choices(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
                       precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,

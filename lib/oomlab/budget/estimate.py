@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.result import SOURCES, BudgetResult, Source
 from oomlab.budget.traced import traced_budget
-from oomlab.core.errors import UnknownNameError
+from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.setup import DEFAULT_LORA_TARGETS, make_setup
+
+# Name lookups and validation, once per distinct input (typed: 2 and 2.0, 1 and True stay apart, as validate tells them
+# apart); a refused input raises every time (lru_cache keeps no exception).  Setups are frozen, so sharing is safe.
+_validated_setup = lru_cache(maxsize=4096, typed=True)(make_setup)
 
 
 def estimate(
@@ -29,16 +35,27 @@ def estimate(
     lora_targets: Sequence[str] | str = DEFAULT_LORA_TARGETS,
     source: str = "analytic",
     outside_bytes: int | None = None,
+    deepspeed: DeepSpeedSettings | None = None,
 ) -> BudgetResult:
     """Per-GPU memory of one training step of ``model`` on ``gpus`` × ``gpu`` (see :func:`make_setup`).
 
     ``source="traced"`` runs PyTorch's MemTracker on fake tensors instead (seconds; :mod:`oomlab.budget.traced`).
+    ``deepspeed``: DeepSpeed's knobs for the ``zero*`` strategies (default: what the HF integration resolves
+    ``"auto"`` to; read a user's JSON with :func:`oomlab.budget.deepspeed_config.read_deepspeed_config`).
     """
     if source not in SOURCES:
         raise UnknownNameError("source", source, SOURCES)
-    setup = make_setup(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
-                       precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,
-                       attention=attention, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)
+    args = (model, gpu, gpus, nodes, strategy, method, precision, optimizer, batch, seq, checkpointing, attention,
+            lora_rank, lora_alpha, tuple(lora_targets) if isinstance(lora_targets, list) else lora_targets)
+    try:
+        setup = _validated_setup(*args)
+    except TypeError:  # an unhashable argument: validate it without the memo (same result, same errors)
+        setup = make_setup(*args)
     if source == Source.ANALYTIC.value:
-        return estimate_setup(setup, outside_bytes)
+        return estimate_setup(setup, outside_bytes, deepspeed)
+    if setup.strategy.deepspeed:
+        raise InvalidValueError(
+            f"strategy {setup.strategy.value!r} is analytic only: DeepSpeed's engine needs real tensors and processes "
+            "(no FakeTensorMode trace); use source='analytic' (checked against real CPU runs: "
+            "docs/deepspeed-small-scale.md)")
     return traced_budget(setup, outside_bytes)

@@ -1,0 +1,423 @@
+"""Which GPUs would it fit: every GPU type oomlab knows × 1, 2, 4, 8 GPUs (and whole nodes), the best remedy that
+fits each, priced from a dated list-price table, ranked the cheapest per token, the fastest, the fewest GPUs, and the
+pareto front of cost against speed.
+
+Each row is the plan's recommendation (:attr:`oomlab.remedies.plan.Plan.recommended`) for that hardware: the plan's
+grid (:func:`~oomlab.remedies.plan.plan_grid`) restricted to the configurations it could recommend (no harmful
+caveat, launch files written), ranked by the plan's own key (:func:`~oomlab.remedies.plan.rank_key`) and chosen by
+its own rule (:func:`~oomlab.remedies.plan.recommend`: the fastest, or one about as fast with much more headroom).
+The search is exact and quick because throughput never falls as the micro-batch grows: each candidate's tokens/s at
+the throughput cap (no memory budget needed) bounds what it can reach, so candidates are budgeted best bound first and
+the search stops once no bound can come within the speed uncertainty of the fastest found.  The winner is then
+budgeted in full (:func:`evaluate_remedy`: the largest micro-batch up to 4096, the longest sequence).
+
+Cost per million training tokens = the row's $/hour (list price: the cheapest listed instance with exactly that many
+GPUs, times the nodes; else that many GPU-hours at the cheapest listed $/GPU-hour, said so) / (tokens/s × 3600) × 1e6.
+NB: list prices, not quotes; tokens/s is the plan's estimate with its stated assumptions (MFU, links, no overlap).
+
+Limitations: rows are independent (no mixed GPU types); host RAM is each row's assumed machine
+(:func:`oomlab.core.prices.assumed_host_ram`) unless the user gives it; GPU-to-GPU traffic is costed over each GPU's
+host link as the plan does (NVLink is not credited), so multi-GPU tokens/s are lower bounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from oomlab.core.choices import Method, Optimizer, Precision, Route, choice
+from oomlab.core.errors import InvalidValueError
+from oomlab.core.gpus import GPUSpec, known_gpus, load_gpu
+from oomlab.core.models import ModelSpec, load_model
+from oomlab.core.prices import (
+    HOST_RAM_AUTO,
+    InstancePrice,
+    PriceTable,
+    assumed_host_ram,
+    load_prices,
+    resolve_host_ram,
+)
+from oomlab.core.search import largest_true
+from oomlab.core.setup import MAX_GPUS_PER_NODE, MAX_NODES, TrainingSetup, make_setup
+from oomlab.core.units import format_size
+from oomlab.remedies.placement import DeviceMapPlacement
+from oomlab.remedies.plan import HEADROOM_GAIN, Candidate, fold_label_twins, plan_grid, rank_key, recommend
+from oomlab.remedies.remedy import Evaluation, Evaluator, Remedy, caveats, evaluate_remedy, reason, remedy_name
+from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, describe_assumptions, step_time
+
+__all__ = ["DEFAULT_COUNTS", "HardwareOption", "HardwareSearch", "gpu_counts", "search_hardware"]
+
+DEFAULT_COUNTS = (1, 2, 4, 8)  # GPUs per node searched by default (--max-gpus 8)
+
+
+@dataclass(frozen=True)
+class RowPrice:
+    """What one row of hardware costs per hour, and from which listed instance."""
+
+    usd_per_hour: float  # every GPU of the row together
+    instance: InstancePrice
+    basis: str  # how the price was made from the listed instance
+
+
+@dataclass(frozen=True)
+class HardwareOption:
+    """One GPU type × count (× nodes): the best remedy that fits, or why none does, and what it costs."""
+
+    gpu: str
+    display_name: str
+    gpus: int  # per node
+    nodes: int
+    host_ram_bytes: int  # per node, as budgeted
+    host_ram_source: str  # where the host RAM figure comes from
+    remedy: Remedy | None  # the plan's recommendation on this hardware; None when nothing it could recommend fits
+    reason: str  # why it fits, or why nothing does (the closest candidate)
+    candidates: int  # configurations the plan could recommend here
+    budgeted: int  # of which budgeted before the bound stopped the search
+    price: RowPrice | None  # None: the price table lists no instance with this GPU
+    gpu_capacity_bytes: int
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def label(self) -> str:
+        """``8 × a100-80gb`` (``2 nodes × 8 × h100-80gb``)."""
+        nodes = f"{self.nodes} nodes × " if self.nodes > 1 else ""
+        return f"{nodes}{self.gpus} × {self.gpu}"
+
+    @property
+    def fits(self) -> bool:
+        return self.remedy is not None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return None if self.remedy is None else self.remedy.tokens_per_s
+
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        """Dollars per million training tokens at the list price; None when nothing fits or no price is listed."""
+        if self.remedy is None or self.price is None or not self.remedy.tokens_per_s:
+            return None
+        return self.price.usd_per_hour / (self.remedy.tokens_per_s * 3600.0) * 1e6
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.remedy
+        return {"gpu": self.gpu, "display_name": self.display_name, "gpus": self.gpus, "nodes": self.nodes,
+                "label": self.label, "world_size": self.world_size, "gpu_capacity_bytes": self.gpu_capacity_bytes,
+                "host_ram_bytes": self.host_ram_bytes, "host_ram_source": self.host_ram_source, "fits": self.fits,
+                "reason": self.reason, "candidates": self.candidates, "budgeted": self.budgeted,
+                "remedy": None if r is None else r.to_dict(),
+                "per_gpu_peak_bytes": None if r is None else r.per_gpu_peak_bytes,
+                "headroom_bytes": None if r is None else r.headroom_bytes,
+                "max_batch": None if r is None else r.max_batch, "tokens_per_s": self.tokens_per_s,
+                "usd_per_hour": None if self.price is None else self.price.usd_per_hour,
+                "price_basis": None if self.price is None else self.price.basis,
+                "price_source": None if self.price is None else self.price.instance.source,
+                "price_date": None if self.price is None else self.price.instance.date,
+                "usd_per_million_tokens": self.usd_per_million_tokens}
+
+
+@dataclass(frozen=True)
+class HardwareSearch:
+    """Every searched row for one model and its methods, and the rankings over the rows that fit."""
+
+    model: str
+    methods: tuple[Method, ...]
+    seq: int
+    lora_rank: int
+    options: tuple[HardwareOption, ...]  # GPU types as given (default: name order), then nodes, then GPUs per node
+    prices_source: str
+    assumptions: tuple[str, ...]
+    seconds: float = field(default=0.0, compare=False)  # wall time of the search
+
+    @property
+    def fitting(self) -> tuple[HardwareOption, ...]:
+        return tuple(o for o in self.options if o.fits)
+
+    @property
+    def priced(self) -> tuple[HardwareOption, ...]:
+        return tuple(o for o in self.fitting if o.usd_per_million_tokens is not None)
+
+    @property
+    def cheapest(self) -> HardwareOption | None:
+        """The lowest list-price cost per million training tokens that fits."""
+        return min(self.priced, key=lambda o: (o.usd_per_million_tokens, o.world_size, o.label), default=None)
+
+    @property
+    def fastest(self) -> HardwareOption | None:
+        """The most estimated tokens per second that fits."""
+        return max(self.fitting, key=lambda o: (o.tokens_per_s, -o.world_size, o.label), default=None)
+
+    @property
+    def fewest_gpus(self) -> HardwareOption | None:
+        """The fewest GPUs that fit; among those, the cheapest per token (unpriced last), then the fastest."""
+        inf = float("inf")
+        return min(self.fitting, key=lambda o: (o.world_size, o.usd_per_million_tokens or inf, -(o.tokens_per_s or 0),
+                                                o.label), default=None)
+
+    @property
+    def pareto(self) -> tuple[HardwareOption, ...]:
+        """The priced rows no other row beats on both cost per token and tokens/s, cheapest first."""
+        rows = self.priced
+        front = [o for o in rows if not any(_dominates(p, o) for p in rows)]
+        return tuple(sorted(front, key=lambda o: (o.usd_per_million_tokens, o.label)))
+
+    def to_dict(self) -> dict[str, Any]:
+        def label(o: HardwareOption | None) -> str | None:
+            return None if o is None else o.label
+
+        return {"model": self.model, "methods": [m.value for m in self.methods], "seq": self.seq,
+                "lora_rank": self.lora_rank, "options": [o.to_dict() for o in self.options],
+                "cheapest": label(self.cheapest), "fastest": label(self.fastest),
+                "fewest_gpus": label(self.fewest_gpus), "pareto": [o.label for o in self.pareto],
+                "prices_source": self.prices_source, "assumptions": list(self.assumptions), "seconds": self.seconds}
+
+
+def _dominates(p: HardwareOption, o: HardwareOption) -> bool:
+    pc, oc = p.usd_per_million_tokens, o.usd_per_million_tokens
+    pt, ot = p.tokens_per_s or 0.0, o.tokens_per_s or 0.0
+    return pc <= oc and pt >= ot and (pc < oc or pt > ot)
+
+
+def gpu_counts(max_gpus: int = DEFAULT_COUNTS[-1]) -> tuple[int, ...]:
+    """GPUs per node searched: the powers of two up to ``max_gpus``, and ``max_gpus`` itself."""
+    if not isinstance(max_gpus, int) or isinstance(max_gpus, bool) or not 1 <= max_gpus <= MAX_GPUS_PER_NODE:
+        raise InvalidValueError(f"invalid max_gpus {max_gpus!r}; must be an integer from 1 to {MAX_GPUS_PER_NODE}")
+    counts = [1]
+    while counts[-1] * 2 <= max_gpus:
+        counts.append(counts[-1] * 2)
+    return tuple(counts) if counts[-1] == max_gpus else (*counts, max_gpus)
+
+
+def row_price(table: PriceTable, gpu: str, gpus: int, nodes: int) -> RowPrice | None:
+    """The row's $/hour: the cheapest listed instance with exactly ``gpus`` GPUs, once per node; else ``gpus`` ×
+    ``nodes`` GPU-hours at the cheapest listed $/GPU-hour (None when the table lists no instance with this GPU)."""
+    exact = [i for i in table.for_gpu(gpu) if i.gpus_per_instance == gpus]
+    times = f"{nodes} × " if nodes > 1 else ""
+    if exact:
+        inst = min(exact, key=lambda i: (i.usd_per_hour, i.label))
+        return RowPrice(nodes * inst.usd_per_hour, inst,
+                        f"{times}{inst.label} at ${inst.usd_per_hour:.2f}/h (list price, {inst.date})")
+    inst = table.cheapest_per_gpu_hour(gpu)
+    if inst is None:
+        return None
+    n = gpus * nodes
+    return RowPrice(n * inst.usd_per_gpu_hour, inst,
+                    f"{n} GPU-hours at ${inst.usd_per_gpu_hour:.2f} ({inst.label}, {inst.gpus_per_instance} GPUs; "
+                    f"no {gpus}-GPU instance listed; list price, {inst.date})")
+
+
+def _closest(evaluated: Sequence[tuple[Evaluation, Candidate]], n_candidates: int, host_ram_bytes: int) -> str:
+    """Why nothing fits: the candidate closest to fitting (fits the GPUs if any does, else the smallest peak)."""
+    if not n_candidates:
+        return "nothing the plan could recommend runs on this hardware (every configuration is dropped)"
+    ev, c = min(evaluated, key=lambda e: (not e[0].gpu_fits, e[0].per_gpu_peak_bytes))
+    name = remedy_name(c.route, c.strategy, c.method, c.precision, c.optimizer, c.checkpointing, c.setup.lora_rank)
+    return f"none of {n_candidates} configurations fits; the closest, {name}: {reason(ev, c.setup, host_ram_bytes)}"
+
+
+class _MemoEvaluator(Evaluator):
+    """The plan's evaluator, remembering each process-per-GPU evaluation: the winners' full budgets
+    (:func:`evaluate_remedy`) repeat the micro-batches the search already budgeted."""
+
+    def __init__(self, host_ram_bytes: int, outside_bytes: int | None) -> None:
+        super().__init__(host_ram_bytes, outside_bytes)
+        self._seen: dict[tuple, Evaluation] = {}
+
+    def __call__(self, setup: TrainingSetup, placement: DeviceMapPlacement | None = None,
+                 route: Route = Route.PROCESS_PER_GPU) -> Evaluation:
+        if placement is not None or route is not Route.PROCESS_PER_GPU:
+            return super().__call__(setup, placement, route)
+        if setup not in self._seen:
+            self._seen[setup] = super().__call__(setup, placement, route)
+        return self._seen[setup]
+
+
+def _sound_axes(spec: ModelSpec, gpu: GPUSpec) -> tuple[tuple[Precision, ...], tuple[Optimizer, ...]]:
+    """The precisions and the optimizers without a harmful caveat (:func:`caveats` of an fp32 AdamW setup with
+    each changed), so the grid skips what the plan would never recommend before validating it.
+
+    NB: assumes harm comes from the precision or the optimizer alone, as :func:`caveats` says today; the candidates
+    are still checked whole (:attr:`Candidate.may_recommend`)."""
+    probe = make_setup(model=spec, gpu=gpu, precision=Precision.FP32, optimizer=Optimizer.ADAMW)
+    precisions = tuple(p for p in Precision if not any(c.harmful for c in caveats(replace(probe, precision=p))))
+    optimizers = tuple(o for o in Optimizer if not any(c.harmful for c in caveats(replace(probe, optimizer=o))))
+    return precisions, optimizers
+
+
+def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes: int, *, seq: int,
+            methods: tuple[Method, ...], attention: str = "sdpa", lora_rank: int = 8,
+            assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
+            outside_bytes: int | None = None) -> tuple[Remedy | None, str, int, int]:
+    """The plan's recommendation on ``nodes`` × ``gpus`` × ``gpu`` (the remedy, or None with the reason), with the
+    number of candidates and of those budgeted: branch and bound on the tokens/s each could reach."""
+    precisions, optimizers = _sound_axes(spec, gpu)
+    cands = [c for c in plan_grid(spec, gpu, gpus, nodes, batch=1, seq=seq, attention=attention,
+                                  lora_rank=lora_rank, methods=methods, precisions=precisions,
+                                  optimizers=optimizers) if c.may_recommend]
+    cap = assumptions.throughput_batch_cap
+    bounded = []
+    for i, c in enumerate(cands):
+        bound = step_time(replace(c.setup, batch=cap), assumptions, c.route).tokens_per_s
+        bounded.append((rank_key(True, True, bound, c.optimizer, 0)[2], bound, i, c))
+    bounded.sort(key=lambda t: (t[0], t[2]))  # best bound first, then the plan's order
+    evaluator = _MemoEvaluator(host_ram_bytes, outside_bytes)
+    # recommend() may prefer a remedy within speed_uncertainty of the fastest for its headroom: budget every candidate
+    # that could be that close (NB: 0.995 covers the fastest's rounding to 3 significant figures)
+    keep = (1 - assumptions.speed_uncertainty) * 0.995
+    found: list[tuple[tuple, Candidate, Evaluation, float]] = []
+    evaluated: list[tuple[Evaluation, Candidate]] = []
+    for _neg, bound, i, c in bounded:
+        if found and bound < -min(found, key=lambda f: f[0])[0][2] * keep:
+            break  # no candidate left can come within the uncertainty of the fastest found
+        ev = evaluator(c.setup, route=c.route)
+        evaluated.append((ev, c))
+        if not ev.fits:
+            continue
+        placement, known = ev.placement, {1: True}
+
+        def fits_batch(b: int, c: Candidate = c, placement: Any = placement, known: dict = known) -> bool:
+            if b not in known:
+                known[b] = evaluator(replace(c.setup, batch=b), placement, c.route).fits
+            return known[b]
+
+        b = cap if fits_batch(cap) else largest_true(fits_batch, 1, cap)
+        tps = step_time(replace(c.setup, batch=b), assumptions, c.route).tokens_per_s
+        found.append(((*rank_key(True, True, tps, c.optimizer, ev.per_gpu_peak_bytes), i), c, ev, tps))
+    if not found:
+        return None, _closest(evaluated, len(cands), host_ram_bytes), len(cands), len(evaluated)
+    found.sort(key=lambda f: f[0])  # the plan's order (its sort is stable over the grid's order)
+    _key, _c, best_ev, best_tps = found[0]
+    gain = HEADROOM_GAIN * gpu.total_memory_bytes
+    # what recommend() can choose: the fastest, or one about as fast with that much more headroom; budgeted in full
+    # with their label twins (same figures, another label), folded as the plan folds them
+    rivals = [found[0]] + [f for f in found[1:] if f[3] >= best_tps * (1 - assumptions.speed_uncertainty)
+                           and f[2].headroom_bytes - best_ev.headroom_bytes >= gain]
+    if len(rivals) > 1:  # recommend() takes the most headroom among them: only those can be chosen (tested against
+        most = max(f[2].headroom_bytes for f in rivals[1:])  # make_plan's recommendation)
+        rivals = rivals[:1] + [f for f in rivals[1:] if f[2].headroom_bytes == most]
+    groups = {_twin_key(f) for f in rivals}
+    remedies = [evaluate_remedy(c.setup, host_ram_bytes, route=c.route, assumptions=assumptions, evaluator=evaluator)
+                for f in found if _twin_key(f) in groups for c in (f[1],)]
+    folded = tuple(fold_label_twins(remedies, gpu.bf16))
+    remedy = recommend(folded, assumptions.speed_uncertainty)[0] or folded[0]
+    return remedy, remedy.reason, len(cands), len(evaluated)
+
+
+def _twin_key(f: tuple[tuple, Candidate, Evaluation, float]) -> tuple:
+    """What label twins share (:func:`~oomlab.remedies.plan.fold_label_twins` compares every figure; these suffice to
+    gather every possible twin)."""
+    key, c, ev, _tps = f
+    return c.route, c.strategy, c.method, c.checkpointing, key[2], ev.per_gpu_peak_bytes
+
+
+def search_hardware(
+    model: str | ModelSpec = "llama-13b",
+    methods: Iterable[str | Method] | None = None,
+    *,
+    gpus: Iterable[str] | None = None,
+    max_gpus: int = DEFAULT_COUNTS[-1],
+    nodes: Iterable[int] = (1,),
+    seq: int = 2048,
+    host_ram: str | int | None = None,
+    prices: PriceTable | str | None = None,
+    attention: str = "sdpa",
+    lora_rank: int = 8,
+    assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
+    outside_bytes: int | None = None,
+) -> HardwareSearch:
+    """For every GPU type (``gpus``: default every shipped one) × 1, 2, 4, ... ``max_gpus`` per node (× each of
+    ``nodes``; more than one node is searched with full nodes of ``max_gpus``), the plan's best remedy that fits.
+
+    ``methods``: the methods the plan may choose (default all); ``host_ram``: host RAM per node for every row
+    (default or ``"auto"``: each row's assumed machine, :func:`oomlab.core.prices.assumed_host_ram`); ``prices``: a
+    :class:`PriceTable` or the path of the user's JSON table (default: the shipped dated list prices).
+    """
+    start = time.perf_counter()
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    chosen = tuple(dict.fromkeys(choice(Method, m, "method") for m in (methods or tuple(Method))))
+    gpu_specs = tuple(load_gpu(g) for g in (known_gpus() if gpus is None else gpus))
+    counts = gpu_counts(max_gpus)
+    node_counts = tuple(dict.fromkeys(nodes))
+    for n in node_counts:
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_NODES:
+            raise InvalidValueError(f"invalid nodes {n!r}; must be an integer from 1 to {MAX_NODES}")
+    if not node_counts:
+        raise InvalidValueError("no node counts given; give at least one, e.g. nodes=(1,)")
+    if seq > spec.max_position_embeddings:
+        raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
+                                f"{spec.max_position_embeddings}: use a sequence length up to that")
+    auto = host_ram is None or (isinstance(host_ram, str) and host_ram.strip().lower() == HOST_RAM_AUTO)
+    given_host = None if auto else resolve_host_ram(host_ram, "", 0).host_ram_bytes
+    table = prices if isinstance(prices, PriceTable) else load_prices(prices)
+    options = []
+    for gpu in gpu_specs:
+        for n_nodes in node_counts:
+            for count in counts if n_nodes == 1 else (max_gpus,):
+                if given_host is not None:
+                    host, host_source = given_host, "given"
+                else:
+                    assumed = assumed_host_ram(gpu.name, count, table)
+                    host, host_source = assumed.host_ram_bytes, f"assumed: {assumed.source}"
+                remedy, why, n_cands, n_budgeted = best_on(
+                    spec, gpu, count, n_nodes, host, seq=seq, methods=chosen, attention=attention,
+                    lora_rank=lora_rank, assumptions=assumptions, outside_bytes=outside_bytes)
+                options.append(HardwareOption(
+                    gpu=gpu.name, display_name=gpu.display_name, gpus=count, nodes=n_nodes, host_ram_bytes=host,
+                    host_ram_source=host_source, remedy=remedy, reason=why, candidates=n_cands,
+                    budgeted=n_budgeted, price=row_price(table, gpu.name, count, n_nodes),
+                    gpu_capacity_bytes=gpu.total_memory_bytes))
+    said = describe_assumptions(gpu_specs[0], assumptions)[1:] if gpu_specs else []
+    notes = (f"cost per million training tokens at {table.source}: a dated list price, not a quote",
+             "each row: the plan's recommendation on that hardware (no harmful caveat, launch files written)",
+             *said)
+    return HardwareSearch(model=spec.name, methods=chosen, seq=seq, lora_rank=lora_rank, options=tuple(options),
+                          prices_source=table.source, assumptions=notes, seconds=time.perf_counter() - start)
+
+
+def node_counts(max_nodes: int = 1) -> tuple[int, ...]:
+    """Node counts searched: 1, 2, 4, ... up to ``max_nodes``, and ``max_nodes`` itself."""
+    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or not 1 <= max_nodes <= MAX_NODES:
+        raise InvalidValueError(f"invalid nodes {max_nodes!r}; must be an integer from 1 to {MAX_NODES}")
+    counts = [1]
+    while counts[-1] * 2 <= max_nodes:
+        counts.append(counts[-1] * 2)
+    return tuple(counts) if counts[-1] == max_nodes else (*counts, max_nodes)
+
+
+def _cost(o: HardwareOption | None) -> str:
+    if o is None or o.usd_per_million_tokens is None:
+        return "no list price"
+    return f"${o.usd_per_million_tokens:.3f}"
+
+
+def render_search(search: HardwareSearch) -> str:
+    """The search as text: the three rankings' winners, the pareto front, then one line per row."""
+    methods = "/".join(m.value for m in search.methods)
+    lines = [f"which GPUs would train {search.model} ({methods}, seq {search.seq}): {len(search.options)} rows, "
+             f"{len(search.fitting)} fit; searched in {search.seconds:.2f} s"]
+    for title, o in (("cheapest per token", search.cheapest), ("fastest", search.fastest),
+                     ("fewest GPUs", search.fewest_gpus)):
+        if o is None:
+            lines.append(f"  {title:<19} nothing fits")
+        else:
+            lines.append(f"  {title:<19} {o.label}: {o.remedy.name}; {o.tokens_per_s:,.0f} tokens/s, "
+                         f"{_cost(o)} per million tokens")
+    lines.append("  pareto front (cost vs tokens/s): " + (", ".join(o.label for o in search.pareto) or "none"))
+    lines.append("")
+    lines.append(f"  {'hardware':<26} {'peak/GPU':>10} {'headroom':>10} {'max mb':>6} {'tokens/s':>9} "
+                 f"{'$/M tok':>8}  best remedy (or why none)")
+    for o in search.options:
+        r = o.remedy
+        if r is None:
+            lines.append(f"  {o.label:<26} {'-':>10} {'-':>10} {'-':>6} {'-':>9} {'-':>8}  {o.reason}")
+            continue
+        cost = "-" if o.usd_per_million_tokens is None else f"{o.usd_per_million_tokens:.3f}"
+        lines.append(f"  {o.label:<26} {format_size(r.per_gpu_peak_bytes):>10} {format_size(r.headroom_bytes):>10} "
+                     f"{r.max_batch or '-':>6} {o.tokens_per_s:>9,.0f} {cost:>8}  {r.name}")
+    lines.append("")
+    lines += [f"  NB: {a}" for a in search.assumptions]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,63 @@
+"""The report's "Which GPUs would it fit?" section: one table from the search's JSON, the winners, the pareto figure."""
+
+import json
+
+import pytest
+
+from oomlab.remedies.hardware import search_hardware
+from oomlab.report import hardware as rh
+
+GPUS = ["t4", "a10g", "h100-80gb"]
+
+
+@pytest.fixture(scope="module")
+def data() -> dict:
+    search = search_hardware("qwen2.5-0.5b", ["lora"], gpus=GPUS, max_gpus=4)
+    return json.loads(json.dumps(search.to_dict()))  # as read back from the results JSON
+
+
+def test_compact_table_has_one_row_per_gpu_type_then_the_winners(data) -> None:
+    """Per GPU type the fewest that fit; every ranking winner and pareto row appears once."""
+    rows = rh.hardware_rows(data)
+    labels = [row[0] for row in rows]
+    assert [label.split(" × ")[1] for label in labels[:len(GPUS)]] == GPUS  # in the order searched
+    assert all(label.startswith("1 × ") for label in labels[:len(GPUS)])  # a 0.5B model fits one of each
+    for key in ("cheapest", "fastest", "fewest_gpus"):
+        assert labels.count(data[key]) == 1
+    assert len(labels) == len(set(labels))
+    assert all(len(row) == len(rh.HARDWARE_HEADERS) for row in rows)
+
+
+def test_full_table_and_marks(data) -> None:
+    """compact=False lists every searched row; the ranking column names each winner."""
+    rows = rh.hardware_rows(data, compact=False)
+    assert len(rows) == len(data["options"]) == len(GPUS) * 3
+    by_label = {row[0]: row for row in rows}
+    assert "cheapest" in by_label[data["cheapest"]][-1] and "fastest" in by_label[data["fastest"]][-1]
+    for label in data["pareto"]:
+        assert "pareto" in by_label[label][-1]
+
+
+def test_a_row_where_nothing_fits_shows_the_reason() -> None:
+    """A row without a remedy carries its reason and dashes."""
+    option = {"label": "1 × t4", "fits": False, "reason": "none of 3 configurations fits; the closest, ..."}
+    assert rh.option_row({}, option) == ("1 × t4", option["reason"], "-", "-", "-", "-", "-", "")
+
+
+def test_winners_sentence(data) -> None:
+    """The three winners, the search time and the price source, in one paragraph."""
+    text = rh.winners(data)
+    for title in ("**cheapest per token**", "**fastest**", "**fewest GPUs**"):
+        assert title in text
+    assert f"searched in {data['seconds']:.2f} s" in text and "list prices" in text
+    assert data["fastest"] in text
+    assert "$" not in text  # Jupyter's Markdown would read a pair of dollars as math
+
+
+def test_pareto_figure_labels_the_front(data) -> None:
+    """Points are the priced fitting rows; the front's are labelled GPU × count."""
+    points = rh.cost_points(data)
+    assert {p.label for p in points if p.on_front} == set(data["pareto"])
+    fig = rh.plot_hardware_pareto(data)
+    texts = {t.get_text() for t in fig.axes[0].texts}
+    assert texts == set(data["pareto"])
