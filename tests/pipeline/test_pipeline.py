@@ -443,16 +443,17 @@ def test_cell_timeout_raises_pipeline_error(tmp_path: Path) -> None:
     """A cell running past cell_timeout is caught like an error, and marked in the kept notebook."""
     notebooks, out = tmp_path / "notebooks", tmp_path / "out"
     notebooks.mkdir()
-    make_notebook(notebooks / "01_slow.ipynb", "Slow", ["import time\ntime.sleep(30)"])
+    # the results cell imports oomlab (about 1 s, several under load): the timeout leaves it ten times that
+    make_notebook(notebooks / "01_slow.ipynb", "Slow", ["import time\ntime.sleep(600)"])
     out.mkdir()
     (out / "report.html").write_bytes(b"old")
     with pytest.raises(PipelineError) as info:
-        run_pipeline({}, out_dir=out, notebooks_dir=notebooks, progress=False, cell_timeout=3)
+        run_pipeline({}, out_dir=out, notebooks_dir=notebooks, progress=False, cell_timeout=12)
     kept = tmp_path / ".out.failed"
     executed = kept / "notebooks" / "01_slow.ipynb"
     assert str(info.value) == (
         "notebook 01_slow.ipynb failed at cell 3 ('import time'): CellTimeoutError: cell execution timed out"
-        f" after 3 s; the executed notebook is kept at {executed}; {out} is left as it was (the failed run is in"
+        f" after 12 s; the executed notebook is kept at {executed}; {out} is left as it was (the failed run is in"
         f" {kept}, each kernel's own output under logs/)"
     )
     slow_cell = nbformat.read(executed, as_version=4).cells[-1]
