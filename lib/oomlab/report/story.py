@@ -393,11 +393,28 @@ def assumptions(r: dict[str, Any]) -> list[str]:
         "Traced: PyTorch's MemTracker on fake tensors at full size (CPU); measured: real training steps of tiny "
         "models on CPU; computed: everything else (the analytic budget, throughput, host RAM).",
         *r["plan"]["assumptions"],
-        *(f"The user's setup: {a}" + ("." if "no launch files" in a else " (no launch file says otherwise).") for a in
-          (r["reproduce"].get("launch") or {}).get("assumptions", [])),
+        *setup_assumptions(r["reproduce"].get("launch") or {}),
         "No GPU was used for this report unless the reproduction line above says so.",
     ]
     return [esc(item) for item in dict.fromkeys(items)]
+
+
+NO_FILES = "no launch files"
+
+
+def setup_assumptions(launch: dict[str, Any]) -> list[str]:
+    """The fields of the user's setup nobody stated, as assumptions: the pipeline's defaults in one sentence, the
+    other assumed fields one each (``zero3_init`` only where the launch is ZeRO-3)."""
+    assumed = launch.get("assumptions", [])
+    strategy = ((launch.get("fields") or {}).get("strategy") or {}).get("value", "")
+    defaults = [a.split(": ", 1)[0] for a in assumed if NO_FILES in a]
+    others = [a for a in assumed if NO_FILES not in a
+              and not (a.startswith("zero3_init") and not str(strategy).startswith("zero3"))]
+    out = [f"The user's setup, where no launch file says otherwise: {a}." for a in others]
+    if defaults:
+        out.insert(0, "The user's setup: no launch files were given, so these are the pipeline's defaults: "
+                   + "; ".join(defaults) + ".")
+    return out
 
 
 def versions() -> list[list[str]]:
