@@ -94,8 +94,13 @@ def test_mps_float_cast_is_allowed_for(nbytes: int, printed: str) -> None:
     assert size.low_bytes <= nbytes <= size.high_bytes
 
 
-@given(st.one_of(st.integers(0, 4096), st.integers(1024, 2 * MiB), st.integers(MiB, 2 * GiB),
-                 st.integers(GiB, 2**40)))
+def _byte_counts(top: int) -> st.SearchStrategy[int]:
+    """Byte counts from 0 up to ``top``, spread over every unit a size is printed in."""
+    return st.one_of(st.integers(0, 4096), st.integers(1024, 2 * MiB), st.integers(MiB, 2 * GiB),
+                     st.integers(GiB, top))
+
+
+@given(_byte_counts(2**40))
 def test_mps_printed_size_holds_the_bytes(value: int) -> None:
     """Whatever MPS prints for a byte count (float-rounded), the interval read back holds that byte count."""
     number, unit = _mps_format_size(value).split()
@@ -103,8 +108,7 @@ def test_mps_printed_size_holds_the_bytes(value: int) -> None:
     assert size.low_bytes <= value <= size.high_bytes
 
 
-@given(st.one_of(st.integers(0, 4096), st.integers(1024, 2 * MiB), st.integers(MiB, 2 * GiB),
-                 st.integers(GiB, 2**45)))
+@given(_byte_counts(2**45))
 def test_printed_size_inverts_format_size(value: int) -> None:
     """format_size(v) parsed back gives the tightest interval holding v: its ends print the same, neighbours not."""
     number, unit = format_size(value).split()

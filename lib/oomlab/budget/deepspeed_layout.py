@@ -77,7 +77,11 @@ def model_modules(setup: TrainingSetup) -> tuple[Module, ...]:
 
 def trained(setup: TrainingSetup, module: Module) -> bool:
     """Full fine-tuning trains every parameter; LoRA only the adapters."""
-    return setup.method is Method.FULL or ".lora_" in module.name
+    return _trained(setup.method, module)
+
+
+def _trained(method: Method, module: Module) -> bool:
+    return method is Method.FULL or ".lora_" in module.name
 
 
 def trainable_numels(setup: TrainingSetup) -> tuple[int, ...]:
@@ -93,8 +97,7 @@ def all_numels(setup: TrainingSetup) -> tuple[int, ...]:
 def _numels(spec: ModelSpec, method: Method, rank: int, targets: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
     """(trainable, all, (largest module,)) element counts, once per model and adapter (the plan asks per setup)."""
     mods = modules(spec, method, rank, targets)
-    full = method is Method.FULL
-    trainable = tuple(n for m in mods if full or ".lora_" in m.name for n in m.numels)
+    trainable = tuple(n for m in mods if _trained(method, m) for n in m.numels)
     return trainable, tuple(n for m in mods for n in m.numels), (max(sum(m.numels) for m in mods),)
 
 

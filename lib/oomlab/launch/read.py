@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
-from oomlab.core.choices import Attention, Method, choice
+from oomlab.core.choices import Attention, Method, Strategy, choice
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.models import ALL_LINEAR
 from oomlab.core.setup import TrainingSetup
@@ -86,9 +86,12 @@ class UserLaunch:
 
     @property
     def assumptions(self) -> tuple[str, ...]:
-        """The fields nobody stated, with oomlab's reason for the value taken."""
+        """The fields nobody stated, with oomlab's reason for the value taken (``zero3_init`` only for a ZeRO-3
+        launch: nothing else reads it)."""
+        strategy = self.fields.get("strategy")
+        zero3 = strategy is not None and Strategy(_plain(strategy.value)).zero_stage == 3
         return tuple(f"{name} = {_plain(s.value)}: {s.origin.where}" for name, s in self.fields.items()
-                     if s.origin.kind is OriginKind.ASSUMED)
+                     if s.origin.kind is OriginKind.ASSUMED and (name != "zero3_init" or zero3))
 
     def to_dict(self) -> dict[str, Any]:
         return {"fields": {name: s.to_dict() for name, s in self.fields.items()},

@@ -404,12 +404,10 @@ NO_FILES = "no launch files"
 
 def setup_assumptions(launch: dict[str, Any]) -> list[str]:
     """The fields of the user's setup nobody stated, as assumptions: the pipeline's defaults in one sentence, the
-    other assumed fields one each (``zero3_init`` only where the launch is ZeRO-3)."""
+    other assumed fields one each."""
     assumed = launch.get("assumptions", [])
-    strategy = ((launch.get("fields") or {}).get("strategy") or {}).get("value", "")
     defaults = [a.split(": ", 1)[0] for a in assumed if NO_FILES in a]
-    others = [a for a in assumed if NO_FILES not in a
-              and not (a.startswith("zero3_init") and not str(strategy).startswith("zero3"))]
+    others = [a for a in assumed if NO_FILES not in a]
     out = [f"The user's setup, where no launch file says otherwise: {a}." for a in others]
     if defaults:
         out.insert(0, "The user's setup: no launch files were given, so these are the pipeline's defaults: "
