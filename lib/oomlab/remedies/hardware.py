@@ -184,12 +184,17 @@ def _dominates(p: HardwareOption, o: HardwareOption) -> bool:
 
 def gpu_counts(max_gpus: int = DEFAULT_COUNTS[-1]) -> tuple[int, ...]:
     """GPUs per node searched: the powers of two up to ``max_gpus``, and ``max_gpus`` itself."""
-    if not isinstance(max_gpus, int) or isinstance(max_gpus, bool) or not 1 <= max_gpus <= MAX_GPUS_PER_NODE:
-        raise InvalidValueError(f"invalid max_gpus {max_gpus!r}; must be an integer from 1 to {MAX_GPUS_PER_NODE}")
+    return _powers_of_two_to("max_gpus", max_gpus, MAX_GPUS_PER_NODE)
+
+
+def _powers_of_two_to(name: str, top: int, ceiling: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to ``top``, and ``top`` itself; ``top`` must be an integer from 1 to ``ceiling``."""
+    if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= ceiling:
+        raise InvalidValueError(f"invalid {name} {top!r}; must be an integer from 1 to {ceiling}")
     counts = [1]
-    while counts[-1] * 2 <= max_gpus:
+    while counts[-1] * 2 <= top:
         counts.append(counts[-1] * 2)
-    return tuple(counts) if counts[-1] == max_gpus else (*counts, max_gpus)
+    return tuple(counts) if counts[-1] == top else (*counts, top)
 
 
 def row_price(table: PriceTable, gpu: str, gpus: int, nodes: int) -> RowPrice | None:
@@ -380,12 +385,7 @@ def search_hardware(
 
 def node_counts(max_nodes: int = 1) -> tuple[int, ...]:
     """Node counts searched: 1, 2, 4, ... up to ``max_nodes``, and ``max_nodes`` itself."""
-    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or not 1 <= max_nodes <= MAX_NODES:
-        raise InvalidValueError(f"invalid nodes {max_nodes!r}; must be an integer from 1 to {MAX_NODES}")
-    counts = [1]
-    while counts[-1] * 2 <= max_nodes:
-        counts.append(counts[-1] * 2)
-    return tuple(counts) if counts[-1] == max_nodes else (*counts, max_nodes)
+    return _powers_of_two_to("nodes", max_nodes, MAX_NODES)
 
 
 def _cost(o: HardwareOption | None) -> str:
