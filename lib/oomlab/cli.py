@@ -21,7 +21,7 @@ from oomlab.core.errors import InvalidValueError, OomlabError, PipelineError
 from oomlab.core.gpus import known_gpus
 from oomlab.core.models import known_models
 from oomlab.core.prices import HOST_RAM_AUTO
-from oomlab.core.setup import LORA_TARGET_CHOICES
+from oomlab.core.setup import DEFAULT_LORA_ALPHA, LORA_TARGET_CHOICES
 from oomlab.core.units import parse_memory_size
 from oomlab.pipeline.params import PARAMETERS, render_params_help
 from oomlab.remedies.launch_files import CONFIGS_DIR
@@ -119,8 +119,8 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", choices=[a.value for a in Attention], default=_P["attention"].default,
                         help="transformers' attention implementation")
     parser.add_argument("--lora-rank", type=_positive_int, default=_P["lora_rank"].default, help="LoRA rank")
-    parser.add_argument("--lora-alpha", type=_positive_int, default=16, help="LoRA alpha")
-    parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
+    parser.add_argument("--lora-alpha", type=_positive_int, default=DEFAULT_LORA_ALPHA, help="LoRA alpha")
+    parser.add_argument("--lora-targets", default=_P["lora_targets"].default,
                         help=f"comma-separated, from {','.join(LORA_TARGET_CHOICES)}")
 
 
@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
+    from oomlab.core.seed import is_seed_case
     from oomlab.core.units import format_size
     from oomlab.reproduction.replay import reproduce
     from oomlab.reproduction.result import compare_with_seed
@@ -304,7 +304,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
           f"{format_size(result.model_reserved_bytes)} reserved by the allocator; "
           f"capacity {format_size(result.total_bytes)}, outside PyTorch {format_size(result.outside_pytorch_bytes)}"
           f" -> {'fits' if result.fits else 'does not fit'}")
-    if (result.model, result.dtype, result.gpu) == (SEED_MODEL, SEED_DTYPE, SEED_GPU) and result.raised:
+    if is_seed_case(result.model, result.dtype, result.gpu) and result.raised:
         for row in compare_with_seed(result):
             print(f"  {row.figure:<30} seed {row.seed:>12}  reproduced {row.reproduced or '-':>12}  "
                   f"{'match' if row.matches else 'DIFFERENT'}")

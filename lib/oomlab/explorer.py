@@ -27,7 +27,14 @@ from oomlab.core.gpus import known_gpus, load_gpu
 from oomlab.core.models import known_models, load_model
 from oomlab.core.prices import resolve_host_ram
 from oomlab.core.search import largest_true
-from oomlab.core.setup import LORA_TARGET_CHOICES, MAX_GPUS_PER_NODE, MAX_NODES, TrainingSetup, make_setup
+from oomlab.core.setup import (
+    DEFAULT_LORA_TARGETS,
+    LORA_TARGET_CHOICES,
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    TrainingSetup,
+    make_setup,
+)
 from oomlab.core.units import GiB, MiB, format_size
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.remedies.hardware import HardwareSearch, search_hardware
@@ -38,7 +45,6 @@ from oomlab.report.tables import html_table
 MAX_BATCH_SEARCH = 4096  # the largest micro-batch the search tries; "4096 or more" beyond it
 
 GREEN, AMBER, RED = "#1a7f37", "#9a6700", "#b42318"
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def _default(name: str) -> Any:

@@ -6,7 +6,7 @@ import pytest
 
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import known_gpus
-from oomlab.core.prices import load_prices
+from oomlab.core.prices import PriceTable, assumed_host_ram, load_prices
 
 
 def test_shipped_prices_cover_every_gpu_with_a_source_and_a_date() -> None:
@@ -64,3 +64,12 @@ def test_bad_tables_are_refused_naming_the_problem(tmp_path, content: str, messa
 def test_missing_table_says_file_not_found(tmp_path) -> None:
     with pytest.raises(InvalidValueError, match="file not found"):
         load_prices(tmp_path / "nope.json")
+
+
+def test_a_gpu_no_table_lists_falls_back_to_the_seeds_machine_read_from_the_shipped_table() -> None:
+    """With no instance of the GPU in the table, host_ram auto is the seed's 4 x T4 machine, its figure and name read
+    from specs/prices.json (not a typed-in 192 GiB), and said to be that fallback."""
+    seed = load_prices().host_for("t4", 4)
+    found = assumed_host_ram("h100", 8, PriceTable((), "an empty table"))
+    assert found.assumed and found.host_ram_bytes == seed.host_ram_bytes
+    assert "no h100 instance is listed" in found.source and seed.label in found.source

@@ -92,14 +92,11 @@ def cpu_only_bytes(setup: TrainingSetup) -> int:
 
 def _trained_tensor_sizes(setup: TrainingSetup) -> list[int]:
     spec = setup.model
-    h, i, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
-    qd = spec.num_attention_heads * spec.head_dim
-    kvd = spec.num_key_value_heads * spec.head_dim
-    dims = {"q_proj": (h, qd), "k_proj": (h, kvd), "v_proj": (h, kvd), "o_proj": (qd, h),
-            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    shapes = spec.projection_shapes
     if setup.method is Method.FULL:
-        return [v * h, *(a * b for a, b in dims.values()), h]
-    return [setup.lora_rank * n for t in setup.lora_targets for n in dims[t]]
+        return [spec.vocab_size * spec.hidden_size, *(a * b for a, b in shapes.values()), spec.hidden_size]
+    chosen = set(setup.lora_targets)
+    return [setup.lora_rank * n for name, dims in shapes.items() if name.rsplit(".", 1)[-1] in chosen for n in dims]
 
 
 @dataclass(frozen=True)

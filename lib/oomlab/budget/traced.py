@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +47,7 @@ from oomlab.budget.tracker import OFFLOADED_CATEGORIES, TraceResult, budget_cate
 from oomlab.core import paths
 from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Strategy
 from oomlab.core.errors import InvalidValueError
+from oomlab.core.files import write_json_atomic
 from oomlab.core.quiet import quiet_libraries
 from oomlab.core.setup import TrainingSetup
 
@@ -299,17 +299,8 @@ def cache_path(setup: TrainingSetup) -> Path:
 
 
 def write_cache(path: Path, result: TraceResult) -> None:
-    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(result.to_json(), handle)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    """Write atomically (:func:`oomlab.core.files.write_json_atomic`): a reader never sees half a trace."""
+    write_json_atomic(path, result.to_json())
 
 
 # ------------------------------------------------------------------------------------- as a budget

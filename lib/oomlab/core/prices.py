@@ -18,7 +18,8 @@ from typing import Any
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import known_gpus
 from oomlab.core.paths import SPECS_DIR
-from oomlab.core.units import format_size, parse_memory_size, parse_size
+from oomlab.core.seed import SEED_GPU, SEED_GPUS
+from oomlab.core.units import format_size, parse_memory_size
 
 PRICES_JSON = SPECS_DIR / "prices.json"
 REQUIRED = ("provider", "instance", "gpu", "gpus_per_instance", "usd_per_hour")
@@ -119,8 +120,6 @@ def _read(path: Path, where: str) -> PriceTable:
 
 
 HOST_RAM_AUTO = "auto"  # the host_ram value that asks for the assumed host RAM of the GPUs' machine
-SEED_HOST_RAM = "192GiB"  # the seed's machine: AWS g4dn.12xlarge, 4 x T4 (the fallback when no instance is listed)
-SEED_HOST_SOURCE = "the seed's AWS g4dn.12xlarge (4 x T4) has 192 GiB"
 
 
 @dataclass(frozen=True)
@@ -154,8 +153,20 @@ def assumed_host_ram(gpu: str, gpus: int, table: PriceTable | None = None) -> Ho
         return HostRam(int(i.host_ram_bytes or 0), f"no {gpus} x {gpu} instance is listed; the smallest with more, "
                                                    f"{i.label} ({i.gpus_per_instance} x {gpu}), has "
                                                    f"{format_size(i.host_ram_bytes or 0)}, in {where}", True)
-    return HostRam(parse_size(SEED_HOST_RAM), f"no {gpu} instance is listed in the price table; "
-                                              f"{SEED_HOST_SOURCE}", True)
+    seed = _seed_instance()
+    return HostRam(seed.host_ram_bytes or 0, f"no {gpu} instance is listed in the price table; the seed's "
+                                             f"{seed.label} ({seed.gpus_per_instance} x {SEED_GPU}) has "
+                                             f"{format_size(seed.host_ram_bytes or 0)}, in specs/prices.json", True)
+
+
+@cache
+def _seed_instance() -> InstancePrice:
+    """The seed's machine in the shipped table (4 x T4: AWS g4dn.12xlarge), the fallback host of any GPU not listed."""
+    found = _shipped().host_for(SEED_GPU, SEED_GPUS)
+    if found is None or not found.host_ram_bytes:
+        raise InvalidValueError(f"specs/prices.json lists no {SEED_GPUS} x {SEED_GPU} instance with its host RAM "
+                                "(the seed's machine, the fallback host)")
+    return found
 
 
 def resolve_host_ram(host_ram: str | int | None, gpu: str, gpus: int) -> HostRam:

@@ -18,7 +18,7 @@ from oomlab.core.models import ALL_LINEAR, PROJECTIONS, ModelSpec, load_model
 # LLaMA's names for the attention projections; in a family that names them otherwise (GPT-NeoX's query_key_value and
 # dense, Phi-3's qkv_proj and o_proj, ...) the default means that family's attention projections
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-DEFAULT_HOST_RAM = "192GiB"  # NB: assumption -- a 4 x T4 AWS g4dn.12xlarge has 192 GiB of host memory
+DEFAULT_LORA_ALPHA = 16  # scales the adapter's update, changes no memory (peft's LoraConfig default is 8)
 LORA_TARGET_CHOICES = (*PROJECTIONS, ALL_LINEAR)  # LLaMA's; every family's own: ModelSpec.lora_target_names
 
 
@@ -166,7 +166,7 @@ def make_setup(
     checkpointing: bool = False,
     attention: str | Attention = "sdpa",
     lora_rank: int = 8,
-    lora_alpha: int = 16,
+    lora_alpha: int = DEFAULT_LORA_ALPHA,
     lora_targets: Sequence[str] | str = DEFAULT_LORA_TARGETS,
 ) -> TrainingSetup:
     """Build and validate a :class:`TrainingSetup` from names (as typed on the CLI) or objects."""

@@ -22,7 +22,7 @@ from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.prices import HOST_RAM_AUTO, resolve_host_ram
-from oomlab.core.setup import DEFAULT_LORA_TARGETS, TrainingSetup, make_setup
+from oomlab.core.setup import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS, TrainingSetup, make_setup
 from oomlab.core.units import format_size
 from oomlab.remedies.knobs import KnobChange, knob_table
 from oomlab.remedies.launch_files import files_for
@@ -192,7 +192,7 @@ def seed_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int
                batch: int = 1, precision: str = "fp16-mixed", optimizer: str = "adamw", checkpointing: bool = False,
                attention: str = "sdpa", lora_rank: int = 8, strategy: str | Strategy | None = None,
                method: str | Method = "full", lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS,
-               lora_alpha: int = 16) -> TrainingSetup:
+               lora_alpha: int = DEFAULT_LORA_ALPHA) -> TrainingSetup:
     """The configuration as given; by default the seed's: a full replica per GPU (``model.to('cuda')`` in each
     process), full fine-tuning.  ``strategy`` None or ``ddp`` on one GPU is ``single``."""
     one_gpu = gpus * nodes == 1
@@ -292,7 +292,7 @@ def make_plan(
     strategy: str | Strategy | None = None,
     method: str | Method = "full",
     lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS,
-    lora_alpha: int = 16,
+    lora_alpha: int = DEFAULT_LORA_ALPHA,
     assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
     outside_bytes: int | None = None,
 ) -> Plan:
