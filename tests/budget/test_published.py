@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from oomlab.budget import published
+from oomlab.budget import published, published_rows
 from oomlab.budget.estimate import estimate
-from oomlab.budget.published import Coverage, Figure, Length, MetricKind, Moment, Reliability
+from oomlab.budget.published_rows import Coverage, Figure, Length, MetricKind, Moment, Reliability
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.budget.states import lora_parameters
 from oomlab.core.dtypes import load_dtype
@@ -19,7 +19,7 @@ from oomlab.core.models import load_model
 from oomlab.core.setup import make_setup
 from oomlab.core.units import format_size
 
-ROWS = published.load_rows()
+ROWS = published_rows.load_rows()
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_not_estimated_rows_are_the_three_oomlab_lacks(comparisons) -> None:
 ])
 def test_each_counter_maps_to_its_figure(kind, moment, figure) -> None:
     """The one table: which oomlab figure answers which published counter."""
-    assert published.figure_for(kind, moment) is figure
+    assert published_rows.figure_for(kind, moment) is figure
 
 
 def test_figures_count_the_right_bytes() -> None:
@@ -93,14 +93,14 @@ def test_figures_count_the_right_bytes() -> None:
     r = estimate(model="llama-3.2-3b", gpu="l40s", method="lora", precision="bf16", optimizer="adamw", batch=4,
                  seq=768, lora_rank=32, lora_targets="q_proj,v_proj")
     allocated, overhead = r.allocated_peak_bytes, r.components[MemCategory.ALLOCATOR_OVERHEAD]
-    assert published.figure_bytes(r, Figure.ALLOCATED_PEAK) == allocated
-    assert published.figure_bytes(r, Figure.RESERVED_PEAK) == allocated + overhead > allocated
-    assert published.figure_bytes(r, Figure.PER_GPU_PEAK) == (
+    assert published_rows.figure_bytes(r, Figure.ALLOCATED_PEAK) == allocated
+    assert published_rows.figure_bytes(r, Figure.RESERVED_PEAK) == allocated + overhead > allocated
+    assert published_rows.figure_bytes(r, Figure.PER_GPU_PEAK) == (
         allocated + overhead + r.components[MemCategory.OUTSIDE_PYTORCH])
     after_step = r.phases[Phase.OPTIMIZER]
-    assert published.figure_bytes(r, Figure.MODEL_STATES) == (
+    assert published_rows.figure_bytes(r, Figure.MODEL_STATES) == (
         after_step[MemCategory.WEIGHTS] + after_step[MemCategory.GRADIENTS] + after_step[MemCategory.OPTIMIZER_STATE])
-    assert published.figure_bytes(r, Figure.MODEL_STATES) < sum(after_step.values())  # foreach temporary left out
+    assert published_rows.figure_bytes(r, Figure.MODEL_STATES) < sum(after_step.values())  # foreach temporary left out
 
 
 def test_reserved_rows_are_compared_on_the_reserved_figure(comparisons) -> None:
@@ -114,16 +114,16 @@ def test_reserved_rows_are_compared_on_the_reserved_figure(comparisons) -> None:
 
 def test_unknown_counter_needs_a_kind_to_compare_as(tmp_path) -> None:
     """A row whose counter is unknown must name the known kind it is compared as (and a known one may not)."""
-    raw = json.loads(published.PUBLISHED_JSON.read_text())
+    raw = json.loads(published_rows.PUBLISHED_JSON.read_text())
     row = next(r for r in raw["rows"] if r["metric_kind"] == "unknown")
     del row["compared_as"]
     path = tmp_path / "rows.json"
     path.write_text(json.dumps({"rows": [row]}))
     with pytest.raises(InvalidValueError, match=r"an unknown counter needs 'compared_as' \(a known kind\)"):
-        published.load_rows(path)
+        published_rows.load_rows(path)
     with pytest.raises(InvalidValueError,
                        match=r"^no oomlab figure for the counter 'unknown' read at 'peak'; known: allocated at peak, "):
-        published.figure_for(MetricKind.UNKNOWN)
+        published_rows.figure_for(MetricKind.UNKNOWN)
 
 
 def test_error_is_estimate_over_published_minus_one(comparisons) -> None:
@@ -167,8 +167,8 @@ def test_implied_length_brackets_the_published_figure(comparisons) -> None:
     found = [c for c in comparisons if c.implied is not None and c.implied.seq is not None]
     assert found
     for c in found:
-        at = published.figure_bytes(estimate(**{**c.row.setup_kwargs, "seq": c.implied.seq}), c.figure)
-        before = published.figure_bytes(estimate(**{**c.row.setup_kwargs, "seq": c.implied.seq - 1}), c.figure)
+        at = published_rows.figure_bytes(estimate(**{**c.row.setup_kwargs, "seq": c.implied.seq}), c.figure)
+        before = published_rows.figure_bytes(estimate(**{**c.row.setup_kwargs, "seq": c.implied.seq - 1}), c.figure)
         assert before < c.row.value_bytes <= at
 
 
