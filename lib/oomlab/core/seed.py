@@ -20,6 +20,11 @@ SEED_GPU = "t4"
 SEED_GPUS = 4
 
 
+def is_seed_case(model: str, dtype: str, gpu: str, gpus: int | None = None) -> bool:
+    """Is this the seed report's case: llama-13b in float16 on a T4 (and, where the caller knows it, on 4 of them)?"""
+    return (str(model), str(dtype), str(gpu)) == (SEED_MODEL, SEED_DTYPE, SEED_GPU) and gpus in (None, SEED_GPUS)
+
+
 @dataclass(frozen=True)
 class SeedFigures:
     """The figures of the seed's OOM message, as printed (text) and as the bytes they denote."""

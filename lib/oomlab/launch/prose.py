@@ -4,7 +4,7 @@ assumed), and which launch the traceback proves."""
 from __future__ import annotations
 
 from oomlab.core.choices import Route
-from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
+from oomlab.core.seed import is_seed_case
 from oomlab.core.units import format_size
 from oomlab.launch.origin import OriginKind
 from oomlab.launch.paths import ROWS, LoadPath, load_path_of, paths_the_traceback_allows
@@ -25,7 +25,7 @@ def replica_dtype(launch: UserLaunch) -> str:
 
 def is_seed_launch(launch: UserLaunch, dtype: str) -> bool:
     """Is this the seed's case (llama-13b in float16 on T4s)?"""
-    return (launch.setup.model.name, dtype, launch.setup.gpu.name) == (SEED_MODEL, SEED_DTYPE, SEED_GPU)
+    return is_seed_case(launch.setup.model.name, dtype, launch.setup.gpu.name)
 
 
 def case_intro(launch: UserLaunch, dtype: str) -> str:

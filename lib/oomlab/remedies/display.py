@@ -8,7 +8,7 @@ from typing import Any
 
 from oomlab.core.choices import Method
 from oomlab.core.gpus import load_gpu
-from oomlab.core.seed import SEED_GPU, SEED_GPUS, SEED_MODEL
+from oomlab.core.seed import SEED_DTYPE, is_seed_case
 from oomlab.core.units import format_signed_size, format_size
 from oomlab.core.words import count
 from oomlab.remedies.knobs import KnobChange
@@ -69,8 +69,7 @@ def placement_rows(placement: DeviceMapPlacement) -> list[tuple[Any, ...]]:
 
 def configured_words(model: str, gpu: str, gpus: int) -> str:
     """How the plan names the configuration it starts from: the user's (the seed report's case), else as given."""
-    return "the user's configuration" if (model, gpu, gpus) == (SEED_MODEL, SEED_GPU, SEED_GPUS) else \
-        "the configuration as given"
+    return "the user's configuration" if is_seed_case(model, SEED_DTYPE, gpu, gpus) else "the configuration as given"
 
 
 def heading(plan: Plan) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from oomlab.core.choices import Method, Strategy
 from oomlab.core.gpus import load_gpu
-from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
+from oomlab.core.seed import is_seed_case as is_seed_figures
 from oomlab.core.units import format_signed_size, format_size
 from oomlab.core.words import agree, count
 from oomlab.launch.paths import ROWS, path_of
@@ -69,12 +69,12 @@ def title(r: dict[str, Any]) -> str:
 
 def seed_table_rows(r: dict[str, Any]) -> list[list[str]]:
     """The figure-by-figure comparison with the user's message, for the user's case only."""
-    return seed_rows(r) if is_seed_case(r) else []
+    return seed_rows(r) if is_seed_story(r) else []
 
 
-def is_seed_case(r: dict[str, Any]) -> bool:
+def is_seed_story(r: dict[str, Any]) -> bool:
     c = r["reproduce"]["case"]
-    return (c["model"], c["dtype"], c["gpu"]) == (SEED_MODEL, SEED_DTYPE, SEED_GPU)
+    return is_seed_figures(c["model"], c["dtype"], c["gpu"])
 
 
 def answer(r: dict[str, Any]) -> str:
@@ -226,7 +226,7 @@ def reproduction(r: dict[str, Any]) -> str:
     ft = rep["failing_tensor"] or {}
     match = ""
     honesty = r["reproduce"].get("honesty")
-    if is_seed_case(r) and honesty:
+    if is_seed_story(r) and honesty:
         same = sum(c["matches"] for c in r["reproduce"]["seed_comparison"])
         counts = honesty["counts"]
         shown = len(r["reproduce"]["seed_comparison"])

@@ -7,7 +7,7 @@ from functools import cache
 
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.outside import OutsideMemory, TorchEra, outside_memory
-from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, seed_figures
+from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, is_seed_case, seed_figures
 from oomlab.core.units import format_size
 from oomlab.reproduction.walk import unlimited_walk
 
@@ -44,7 +44,7 @@ def case_outside(model: str, gpu: GPUSpec, world_size: int = 1, dtype: str = SEE
     a T4, the user's torch 2.0 run) plus the shipped NCCL figure for its world size, else the shipped figures for the
     GPU, the world size and the era."""
     shipped = outside_memory(gpu, world_size, era)
-    if (model, gpu.name, dtype) != (SEED_MODEL, SEED_GPU, SEED_DTYPE):
+    if not is_seed_case(model, dtype, gpu.name):
         return shipped
     derived = seed_outside_bytes()
     source = (f"CUDA context {format_size(derived)} derived from the user's own message: total capacity - reserved - "

@@ -16,7 +16,7 @@ from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.modeling import tensor_nbytes, unique_tensors
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.outside import TorchEra
-from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL
+from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, is_seed_case
 from oomlab.core.units import MiB
 from oomlab.reproduction.allocator import CachingAllocator, get_allocation_size, round_size
 from oomlab.reproduction.outside import case_outside
@@ -63,7 +63,7 @@ def reproduce(
     case and the current (torch >= 2.1) one otherwise.
     """
     if message_format in (None, "auto"):
-        message_format = "old" if (str(model), str(gpu), str(dtype)) == (SEED_MODEL, SEED_GPU, SEED_DTYPE) else "new"
+        message_format = "old" if is_seed_case(model, dtype, gpu) else "new"
     spec, dt, gpu_spec, where, fmt = validate(model, dtype, gpu, non_pytorch_mib, device, message_format)
     if non_pytorch_mib is None:
         era = TorchEra.OLD if fmt is MessageFormat.OLD else TorchEra.NEW

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from oomlab.core import seed
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.gpus import known_gpus, load_gpu
-from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, seed_report_text
+from oomlab.core.seed import seed_report_text
 from oomlab.core.units import format_size
 from oomlab.reproduction.result import ReproduceResult
 from oomlab.reproduction.walk import unlimited_walk
@@ -95,7 +96,7 @@ def facts(result: ReproduceResult) -> list[tuple[str, str]]:
 
 def is_seed_case(result: ReproduceResult) -> bool:
     """Is this the user's case (llama-13b in float16 on a T4)?"""
-    return (result.model, result.dtype, result.gpu) == (SEED_MODEL, SEED_DTYPE, SEED_GPU)
+    return seed.is_seed_case(result.model, result.dtype, result.gpu)
 
 
 def decoding_target(result: ReproduceResult) -> tuple[str, str] | None:
