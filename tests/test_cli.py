@@ -1,6 +1,7 @@
 """python -m oomlab: output, JSON fields, and exit code 2 for bad input before any work."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -30,11 +31,22 @@ def test_reproduce_json_fields() -> None:
 
 
 def test_reproduce_text_output(capsys) -> None:
-    """The human output shows the message and the figure-by-figure comparison."""
+    """The human output shows the message, the reproduction's facts and the figure-by-figure comparison, in the
+    words of reproduction.summary (the report's rows)."""
+    from oomlab.reproduction.summary import SEED_HEADERS
+
     assert main(["reproduce", "--device", "simulated"]) == 0
-    out = capsys.readouterr().out
-    assert "Tried to allocate 136.00 MiB" in out
-    assert out.count(" match") == 5 and "DIFFERENT" not in out
+    lines = capsys.readouterr().out.splitlines()
+    assert "Tried to allocate 136.00 MiB" in lines[1]
+    cells = [re.split(r"\s{2,}", line.strip()) for line in lines]
+    facts = {row[0]: row[-1] for row in cells if len(row) == 2}
+    assert facts["failing tensor"] == "model.layers.23.mlp.gate_proj.weight"
+    assert facts["whole model fits one GPU"] == "no"
+    header = cells.index(list(SEED_HEADERS))
+    rows = cells[header + 1:]
+    assert [row[0] for row in rows] == ["Tried to allocate", "total capacity", "already allocated", "free",
+                                        "reserved in total by PyTorch"]
+    assert all(row[-1] == "yes" for row in rows), rows
 
 
 @pytest.mark.parametrize(
@@ -128,16 +140,52 @@ def test_help_shows_every_default_and_the_known_names(command: str, capsys) -> N
         assert ", ".join(known_gpus()) in text
 
 
-def test_budget_and_plan_share_the_defaults() -> None:
-    """One set of defaults: budget, plan and reproduce take the pipeline's."""
+# (subcommand, option) named like a registry parameter whose default is None on purpose: the value comes from elsewhere
+NOT_THE_REGISTRYS = {
+    ("explain", "model"): "the tensors are named only when given",
+    ("explain", "gpu"): "inferred from the message's total capacity",
+    ("explain", "dtype"): "every dtype that fits",
+    ("check", "model"): "from the launch files",
+    ("check", "gpu"): "required",
+    ("check", "gpus"): "from the launch files",
+    ("plan", "method"): "plan --any-gpu's methods: every method unless given",
+}
+
+
+def test_every_option_named_like_a_parameter_defaults_to_it() -> None:
+    """One set of defaults: every option of every subcommand sharing a registry name has its default, value and type
+    (``4`` is not ``"4"``, ``False`` is not ``0``), save the few listed above, whose value comes from elsewhere."""
     from oomlab.cli import build_parser
     from oomlab.pipeline.params import PARAMETERS
 
     subs = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001
-    for command in ("budget", "plan"):
-        defaults = {a.dest: a.default for a in subs[command]._actions}  # noqa: SLF001
-        for key in ("model", "gpu", "gpus", "precision", "optimizer", "batch", "seq", "lora_rank"):
-            assert str(defaults[key]) == str(PARAMETERS[key].default), (command, key)
+    shared, wrong = set(), []
+    for command, sub in subs.items():
+        for action in sub._actions:  # noqa: SLF001
+            if action.dest not in PARAMETERS or (command, action.dest) in NOT_THE_REGISTRYS:
+                continue
+            shared.add(action.dest)
+            default = PARAMETERS[action.dest].default
+            if not (action.default == default and type(action.default) is type(default)):
+                wrong.append((command, action.dest, action.default, default))
+    assert wrong == []
+    assert {"model", "gpu", "gpus", "dtype", "strategy", "method", "lora_targets", "message_format", "host_ram",
+            "non_pytorch_mib", "device", "checkpointing", "attention", "lora_rank", "seq", "batch"} <= shared
+
+
+@pytest.mark.parametrize(("argv", "strategy"), [
+    ([], "ddp"),  # the registry's strategy on the registry's 4 GPUs
+    (["--gpus", "1"], "single"),  # the pipeline's rule: its ddp on one GPU is one process
+    (["--gpus", "1", "--nodes", "2"], "ddp"),
+    (["--gpus", "1", "--strategy", "ddp"], "ddp"),  # given: kept as given
+    (["--gpus", "2", "--strategy", "fsdp"], "fsdp"),
+])
+def test_budget_strategy_default(argv: list[str], strategy: str) -> None:
+    """``budget`` without --strategy takes the registry's (ddp), single on one GPU; a given one is kept."""
+    from oomlab.cli import build_parser, setup_kwargs
+
+    args = build_parser().parse_args(["budget", *argv])
+    assert setup_kwargs(args)["strategy"] == strategy
 
 
 def test_budget_cli_passes_checkpointing(capsys) -> None:

@@ -1,5 +1,6 @@
 """The explorer's callbacks, driven by setting widget values in Python (no browser, no kernel)."""
 
+import inspect
 import json
 from dataclasses import replace
 
@@ -10,7 +11,9 @@ from oomlab.budget.result import MemCategory
 from oomlab.core.choices import Strategy
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import known_gpus
+from oomlab.core.models import load_model
 from oomlab.core.paths import MODEL_SPECS_DIR as MODELS_DIR
+from oomlab.core.prices import resolve_host_ram
 from oomlab.core.setup import make_setup
 from oomlab.core.units import GiB, format_size
 from oomlab.explorer import (
@@ -27,6 +30,7 @@ from oomlab.explorer import (
     render_verdict_html,
     search_for,
 )
+from oomlab.pipeline.params import PARAMETERS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -291,6 +295,69 @@ def test_sequence_length_is_bounded_like_everywhere_else(seed) -> None:
 def test_default_strategy_matches_the_gpu_count() -> None:
     """The default choices run one replica per GPU on the default 4 GPUs (ddp), not "single" on 4 GPUs."""
     assert Choices().gpus > 1 and Choices().strategy == "ddp"
+
+
+def registry_form(name: str, value: object) -> object:
+    """A choice as the registry holds it: LoRA targets as ``"a,b"``, the host RAM as the bytes it resolves to."""
+    return ",".join(value) if isinstance(value, tuple) else value
+
+
+def test_every_explorer_default_is_the_registrys() -> None:
+    """Every Choices field and build_explorer argument named like a registry parameter defaults to the registry's
+    value, in its type (the host RAM: the bytes the registry's ``auto`` resolves to; the strategy: its ``ddp``, which on
+    one GPU would be single)."""
+    host = resolve_host_ram(PARAMETERS["host_ram"].default, PARAMETERS["gpu"].default,
+                            PARAMETERS["gpus"].default).host_ram_bytes
+    assert Choices().host_ram_bytes == host
+    assert PARAMETERS["gpus"].default > 1  # else the registry's ddp would be single here
+    signature = inspect.signature(build_explorer).parameters
+    checked = set()
+    for name, param in PARAMETERS.items():
+        for where, default in (("Choices", getattr(Choices, name, None)),
+                               ("build_explorer", signature[name].default if name in signature else None)):
+            if default is None and not param.nullable:
+                continue  # not an explorer choice (dtype, device, trace, ...)
+            checked.add(name)
+            value = registry_form(name, default)
+            assert value == param.default and type(value) is type(param.default), (where, name, default)
+    assert {"model", "gpu", "gpus", "strategy", "method", "precision", "optimizer", "batch", "seq", "checkpointing",
+            "attention", "lora_rank", "lora_targets", "host_ram"} <= checked
+
+
+def test_lora_targets_of_another_family_are_that_familys(tmp_path) -> None:
+    """Falcon names its attention query_key_value: build_explorer takes it (as make_setup does), the control offers
+    Falcon's names, and switching the model offers the new model's, the selection carried over where it can."""
+    explorer = build_explorer(model="falcon-7b", gpu="a100-80gb", gpus=1, strategy="single", method="lora",
+                              lora_targets="query_key_value")
+    control = explorer.controls["lora_targets"]
+    assert control.options == (*load_model("falcon-7b").lora_target_names, "all-linear")
+    assert control.value == ("query_key_value",)
+    assert explorer.exploration.error is None
+    assert explorer.exploration.result.setup.lora_targets == ("query_key_value",)
+    explorer.controls["model"].value = "llama-2-7b"  # falcon's names mean nothing here: LLaMA's attention
+    assert control.options == (*load_model("llama-2-7b").lora_target_names, "all-linear")
+    assert control.value == ("q_proj", "k_proj", "v_proj", "o_proj") and explorer.exploration.error is None
+    explorer.controls["model"].value = "pythia-1.4b"  # the same attention, in GPT-NeoX's names
+    assert control.value == ("query_key_value", "dense") and explorer.exploration.error is None
+    explorer.controls["model"].value = str(tmp_path / "missing.json")  # not a model: the options stay
+    assert control.options[0] == "query_key_value" and "missing.json" in explorer.exploration.error
+    explorer.set_choices(Choices(method="lora", gpus=1, strategy="single"))  # the seed's names on llama-13b again
+    assert control.value == ("q_proj", "k_proj", "v_proj", "o_proj") and explorer.exploration.error is None
+
+
+def test_the_default_lora_targets_mean_the_familys_attention() -> None:
+    """LLaMA's default names on Phi-3 select Phi-3's attention projections, the same setup make_setup builds."""
+    explorer = build_explorer(model="phi-3-mini-4k", gpu="a100-80gb", gpus=1, strategy="single", method="lora")
+    assert explorer.controls["lora_targets"].value == ("qkv_proj", "o_proj")
+    assert explorer.exploration.result.setup == make_setup(model="phi-3-mini-4k", gpu="a100-80gb", method="lora")
+
+
+def test_an_unknown_lora_target_is_refused_with_the_models_names() -> None:
+    """A name the model does not have is refused naming the model's own (not LLaMA's)."""
+    with pytest.raises(UnknownNameError) as info:
+        build_explorer(model="falcon-7b", method="lora", lora_targets="q_proj,v_proj")
+    assert str(info.value) == ("unknown LoRA target module 'q_proj'; known: all-linear, dense, dense_4h_to_h, "
+                               "dense_h_to_4h, query_key_value (the nn.Linear modules of falcon-7b's falcon layers)")
 
 
 def test_intro_speaks_of_the_chosen_case() -> None:

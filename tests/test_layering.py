@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ import oomlab
 # launch reads the user's files into a setup (with budget's DeepSpeed reader) and checks it with remedies' knobs, so it
 # comes after remedies; the report and the pipeline start from it
 STAGES = ("core", "reproduction", "explanation", "budget", "remedies", "launch", "report", "pipeline")
-TOP = ("cli", "explorer", "__main__", "__init__")
+# the modules on top, by module name (a stray ``oomlab.x.cli`` or a new subpackage is not one of them)
+TOP = ("oomlab", "oomlab.cli", "oomlab.explorer", "oomlab.__main__")
 PACKAGE = Path(oomlab.__file__).parent
 
 
@@ -35,15 +37,35 @@ def stage_of(module: str) -> int:
     return len(STAGES)
 
 
-def imports(path: Path) -> list[tuple[str, tuple[str, ...], int]]:
-    """``(imported module, names, line)`` for every import statement in the file, at any depth."""
+def resolve(here: str, is_package: bool, module: str | None, level: int) -> str:
+    """The absolute name ``from {'.' * level}{module} import ...`` means inside module ``here`` (a package's
+    ``__init__`` is its package; a plain module's package is its parent)."""
+    if not level:
+        return module or ""
+    package = here.split(".") if is_package else here.split(".")[:-1]
+    base = package[:len(package) - (level - 1)]
+    if level - 1 >= len(package):
+        raise ValueError(f"{here}: relative import beyond the top package (level {level})")
+    return ".".join(base + ([module] if module else []))
+
+
+def imports_in(source: str, here: str, is_package: bool = False) -> list[tuple[str, tuple[str, ...], int]]:
+    """``(imported module, names, line)`` for every oomlab import statement in ``source`` (the module ``here``), at
+    any depth; relative imports resolved to the absolute module they name."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found += [(alias.name, (), node.lineno) for alias in node.names if alias.name.startswith("oomlab")]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("oomlab") and not node.level:
-            found.append((node.module, tuple(alias.name for alias in node.names), node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            module = resolve(here, is_package, node.module, node.level)
+            if module == "oomlab" or module.startswith("oomlab."):
+                found.append((module, tuple(alias.name for alias in node.names), node.lineno))
     return found
+
+
+def imports(path: Path) -> list[tuple[str, tuple[str, ...], int]]:
+    """``(imported module, names, line)`` for every oomlab import statement in the file, at any depth."""
+    return imports_in(path.read_text(), module_name(path), path.stem == "__init__")
 
 
 def sources() -> list[Path]:
@@ -107,9 +129,53 @@ def test_no_private_names_cross_modules() -> None:
 
 def test_every_module_is_in_a_stage_or_on_top() -> None:
     """A module of the package lives in one of the stage subpackages, or is cli/explorer/the entry points."""
-    stray = [module_name(p) for p in sources()
-             if stage_of(module_name(p)) == len(STAGES) and p.stem not in TOP]
+    stray = [module_name(p) for p in sources() if is_stray(module_name(p))]
     assert stray == []
+
+
+def is_stray(module: str) -> bool:
+    """A module that is neither in a stage nor one of the modules on top."""
+    return stage_of(module) == len(STAGES) and module not in TOP
+
+
+@pytest.mark.parametrize(("module", "stray"), [
+    ("oomlab", False), ("oomlab.cli", False), ("oomlab.explorer", False), ("oomlab.__main__", False),
+    ("oomlab.budget", False),  # a stage's __init__
+    ("oomlab.remedies.plan", False),
+    ("oomlab.tools", True),  # a new subpackage's __init__: not "__init__" on top
+    ("oomlab.tools.cli", True),  # a cli.py below a new subpackage: not the cli
+    ("oomlab.helpers", True),
+])
+def test_top_is_matched_by_module_name(module: str, stray: bool) -> None:
+    """Only oomlab, oomlab.cli, oomlab.explorer and oomlab.__main__ are on top, matched by name, not file stem."""
+    assert is_stray(module) is stray
+
+
+@pytest.mark.parametrize(("source", "here", "is_package", "expected"), [
+    ("from ..budget import estimate", "oomlab.remedies.plan", False, [("oomlab.budget", ("estimate",), 1)]),
+    ("from . import knobs", "oomlab.remedies.plan", False, [("oomlab.remedies", ("knobs",), 1)]),
+    ("from .knobs import x", "oomlab.remedies", True, [("oomlab.remedies.knobs", ("x",), 1)]),
+    ("from ...report.story import _p", "oomlab.budget.deep.x", False, [("oomlab.report.story", ("_p",), 1)]),
+    ("from oomlab.core import units", "oomlab.budget.x", False, [("oomlab.core", ("units",), 1)]),
+    ("from os import path", "oomlab.budget.x", False, []),
+])
+def test_relative_imports_are_resolved(source: str, here: str, is_package: bool,
+                                       expected: list[tuple[str, tuple[str, ...], int]]) -> None:
+    """``from ..budget import x`` counts as importing oomlab.budget, so the order, cycle and private-name tests see
+    it (a later stage reached relatively is caught like an absolute import)."""
+    assert imports_in(source, here, is_package) == expected
+
+
+def test_a_relative_import_beyond_the_package_is_refused() -> None:
+    """``from ...x import y`` two packages above a top-level module names nothing: refused, not skipped."""
+    with pytest.raises(ValueError, match="relative import beyond the top package"):
+        imports_in("from ...x import y", "oomlab.budget.display")
+
+
+def test_a_relative_import_of_a_later_stage_is_caught() -> None:
+    """The stage-order rule applied to a relative import: budget reaching ``..report`` is a later stage."""
+    (module, _, _), = imports_in("from ..report import story", "oomlab.budget.display")
+    assert stage_of(module) > stage_of("oomlab.budget.display")
 
 
 def test_no_module_is_much_over_500_lines() -> None:
@@ -155,3 +221,13 @@ def test_help_loads_no_torch() -> None:
             "print('torch' in sys.modules, file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "usage: python -m oomlab" in proc.stdout and proc.stderr.strip().endswith("False"), proc.stderr
+
+
+def test_docstrings_name_the_stage_order() -> None:
+    """The package docstring lists the stages in STAGES' order, and each stage's ``__init__`` says its number
+    (``Stage 5`` is launch: a docstring written before launch came would skip it)."""
+    named = [n for n in re.findall(r"``(\w+)``", oomlab.__doc__ or "") if n in STAGES]
+    assert tuple(named) == STAGES
+    for rank, stage in enumerate(STAGES[1:], start=1):
+        doc = importlib.import_module(f"oomlab.{stage}").__doc__ or ""
+        assert doc.startswith(f"Stage {rank}: "), (stage, doc[:40])

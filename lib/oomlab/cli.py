@@ -2,7 +2,9 @@
 
 Bad input exits with code 2 and a message naming the bad value and what is accepted, before any work; a failed
 pipeline run exits with code 1.  Building the parser loads no torch (--help answers at once); each command
-imports the stage it runs.  Every option's default is the pipeline's parameter of the same name.
+imports the stage it runs.  Every option named like a pipeline parameter defaults to that parameter's default, but
+where its value comes from elsewhere (None: ``explain`` infers the names, ``check`` reads the launch, ``plan
+--any-gpu`` searches every method).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from oomlab.budget.result import SOURCES
 from oomlab.core.choices import Attention, Device, MessageFormat, Method, Optimizer, Precision, Strategy, message_format
 from oomlab.core.errors import InvalidValueError, OomlabError, PipelineError
 from oomlab.core.gpus import known_gpus
-from oomlab.core.models import known_models
+from oomlab.core.models import ALL_LINEAR, PROJECTIONS, known_models
 from oomlab.core.prices import HOST_RAM_AUTO
-from oomlab.core.setup import DEFAULT_LORA_ALPHA, LORA_TARGET_CHOICES
+from oomlab.core.seed import SEED_GPU, SEED_GPUS
+from oomlab.core.setup import DEFAULT_LORA_ALPHA
 from oomlab.core.units import parse_memory_size
 from oomlab.pipeline.params import PARAMETERS, render_params_help
 from oomlab.remedies.launch_files import CONFIGS_DIR
@@ -103,11 +106,14 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default=_P["gpu"].default, help=_gpu_help())
     parser.add_argument("--gpus", type=_positive_int, default=_P["gpus"].default, help="GPUs per node")
     parser.add_argument("--nodes", type=_positive_int, default=1, help="nodes")
-    parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=None,
+    parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=_P["strategy"].default,
+                        action=_StoreGiven,
                         help="the launch: single = one process; ddp = accelerate/torchrun DDP; fsdp = accelerate's "
                         "default FSDP (fsdp_version 1); fsdp2 = accelerate fsdp_version 2; *-offload = with "
-                        "fsdp_offload_params; zero1/zero2 = DeepSpeed (default: ddp on several GPUs, else single)")
-    parser.add_argument("--method", choices=[m.value for m in Method], default="full", help="what is trained")
+                        "fsdp_offload_params; zero1/zero2 = DeepSpeed (default: "
+                        f"{_P['strategy'].default}; not given, ddp on one GPU is single)")
+    parser.add_argument("--method", choices=[m.value for m in Method], default=_P["method"].default,
+                        help="what is trained")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default=_P["precision"].default,
                         help="weights and compute dtypes (the budget's notes say what they mean for the launch)")
     parser.add_argument("--optimizer", choices=[o.value for o in Optimizer], default=_P["optimizer"].default,
@@ -121,12 +127,15 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-rank", type=_positive_int, default=_P["lora_rank"].default, help="LoRA rank")
     parser.add_argument("--lora-alpha", type=_positive_int, default=DEFAULT_LORA_ALPHA, help="LoRA alpha")
     parser.add_argument("--lora-targets", default=_P["lora_targets"].default,
-                        help=f"comma-separated, from {','.join(LORA_TARGET_CHOICES)}")
+                        help=f"comma-separated names of the model's nn.Linear modules (LLaMA's: "
+                        f"{','.join(PROJECTIONS)}; other families their own), or {ALL_LINEAR}")
 
 
 def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The ``estimate``/``make_setup`` keyword arguments from parsed setup options."""
-    strategy = args.strategy or ("ddp" if args.gpus * args.nodes > 1 else "single")
+    strategy = args.strategy
+    if not getattr(args, "strategy_given", False) and strategy == Strategy.DDP.value and args.gpus * args.nodes == 1:
+        strategy = Strategy.SINGLE.value  # the pipeline's rule: its ddp on one GPU is one process
     return {"model": args.model, "gpu": args.gpu, "gpus": args.gpus, "nodes": args.nodes,
             "strategy": strategy, "method": args.method, "precision": args.precision,
             "optimizer": args.optimizer, "batch": args.batch, "seq": args.seq,
@@ -182,8 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--device", choices=[d.value for d in Device], default=_P["device"].default,
                      help="auto: cuda if available, else simulated")
     rep.add_argument("--message-format", type=_message_format_argument, choices=("auto", "old", "new"),
-                     default="auto", help="OOM message of the simulated device: old = torch<=2.0, new = torch>=2.1, "
-                     "auto = old for the seed's case (which printed it), else new")
+                     default=_P["message_format"].default,
+                     help="OOM message of the simulated device: old = torch<=2.0, new = torch>=2.1, auto = old for the "
+                     "seed's case (which printed it), else new")
     rep.add_argument("--json", action="store_true", help="print the result as JSON")
 
     exp = sub.add_parser("explain", help="decode an out-of-memory message (and its traceback) and explain it",
@@ -222,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "gpus_per_instance, usd_per_hour}, ...]}; default: oomlab's dated list prices)")
     pln.add_argument("--host-ram", type=_host_ram_argument, default=_P["host_ram"].default, action=_StoreGiven,
                      help="host RAM per node, with its unit; auto (the default) assumes the listed instance "
-                     "with these GPUs (specs/prices.json), else the seed's 4 x T4 g4dn.12xlarge's 192 GiB")
+                     f"with these GPUs (specs/prices.json), else the seed's {SEED_GPUS} x {SEED_GPU} machine's")
     pln.add_argument("--seq", type=_positive_int, default=_P["seq"].default, help="target sequence length")
     pln.add_argument("--batch", type=_positive_int, default=_P["batch"].default,
                      help="the user's micro-batch per GPU")
@@ -271,9 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _aligned(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Rows as lines of left-aligned columns (layout only: the words are the rows')."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from oomlab.core.seed import is_seed_case
     from oomlab.core.units import format_size
+    from oomlab.reproduction import summary
     from oomlab.reproduction.replay import reproduce
     from oomlab.reproduction.result import compare_with_seed
 
@@ -291,23 +307,14 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     print(f"model {result.model} in {result.dtype} -> one {result.gpu} ({result.device})")
     if result.raised:
         print(f"raised {result.exception}: {result.message}")
-        ft = result.failing_tensor
-        if ft is not None:
-            print(f"failing tensor: {ft.name} {list(ft.shape)} {ft.dtype} ({format_size(ft.nbytes)})")
-        print(f"moved before the failure: {format_size(result.moved_bytes)} "
-              f"({result.moved_fraction:.1%} of the parameters)")
-        print("frames (innermost last): " + " > ".join(result.frames))
     else:
         print(f"no error: allocated {format_size(result.allocated_bytes)}, "
               f"reserved {format_size(result.reserved_bytes)}, free {format_size(result.free_bytes)}")
-    print(f"whole model: {format_size(result.model_bytes)} of tensors, "
-          f"{format_size(result.model_reserved_bytes)} reserved by the allocator; "
-          f"capacity {format_size(result.total_bytes)}, outside PyTorch {format_size(result.outside_pytorch_bytes)}"
-          f" -> {'fits' if result.fits else 'does not fit'}")
-    if is_seed_case(result.model, result.dtype, result.gpu) and result.raised:
-        for row in compare_with_seed(result):
-            print(f"  {row.figure:<30} seed {row.seed:>12}  reproduced {row.reproduced or '-':>12}  "
-                  f"{'match' if row.matches else 'DIFFERENT'}")
+    print("\n".join(_aligned(summary.facts(result))))
+    if result.raised:
+        print("frames (innermost last): " + " > ".join(result.frames))
+    if summary.is_seed_case(result) and result.raised:
+        print("\n".join(_aligned([summary.SEED_HEADERS, *summary.seed_rows(compare_with_seed(result))])))
     return 0
 
 
@@ -355,7 +362,7 @@ def _cmd_plan_any_gpu(args: argparse.Namespace) -> int:
             raise InvalidValueError(f"--any-gpu searches every GPU type and count; drop {flag} (got {flag} "
                                     f"{getattr(args, dest)}) or drop --any-gpu; --max-gpus sets the most GPUs")
     from oomlab.core.prices import load_prices
-    from oomlab.remedies import hardware
+    from oomlab.remedies import hardware, hardware_display
 
     hardware.gpu_counts(args.max_gpus)  # refused before any work
     nodes = hardware.node_counts(args.nodes)
@@ -363,7 +370,7 @@ def _cmd_plan_any_gpu(args: argparse.Namespace) -> int:
     search = hardware.search_hardware(model=args.model, methods=args.method, max_gpus=args.max_gpus, nodes=nodes,
                              seq=args.seq, host_ram=args.host_ram if getattr(args, "host_ram_given", False) else None,
                              prices=table, lora_rank=args.lora_rank)
-    print(json.dumps(search.to_dict(), indent=2) if args.json else hardware.render_search(search).rstrip("\n"))
+    print(json.dumps(search.to_dict(), indent=2) if args.json else hardware_display.render_search(search).rstrip("\n"))
     return 0
 
 

@@ -20,36 +20,36 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from oomlab.budget.analytic import estimate_setup
-from oomlab.budget.result import BudgetResult, MemCategory
+from oomlab.budget.result import BudgetResult, Fit, MemCategory
 from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy
 from oomlab.core.errors import InvalidValueError, OomlabError, UnknownNameError
 from oomlab.core.gpus import known_gpus, load_gpu
-from oomlab.core.models import known_models, load_model
+from oomlab.core.models import ALL_LINEAR, ModelSpec, known_models, load_model
 from oomlab.core.prices import resolve_host_ram
 from oomlab.core.search import largest_true
-from oomlab.core.setup import (
-    DEFAULT_LORA_TARGETS,
-    LORA_TARGET_CHOICES,
-    MAX_GPUS_PER_NODE,
-    MAX_NODES,
-    TrainingSetup,
-    make_setup,
-)
+from oomlab.core.setup import MAX_GPUS_PER_NODE, MAX_NODES, TrainingSetup, lora_targets_for, make_setup
 from oomlab.core.units import GiB, MiB, format_size
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.remedies.hardware import HardwareSearch, search_hardware
 from oomlab.report import hardware as report_hardware
-from oomlab.report.figures import PALETTE
+from oomlab.report.figures import FIT_COLORS, PALETTE
 from oomlab.report.tables import html_table
 
 MAX_BATCH_SEARCH = 4096  # the largest micro-batch the search tries; "4096 or more" beyond it
 
-GREEN, AMBER, RED = "#1a7f37", "#9a6700", "#b42318"
+GREEN, AMBER, RED = (FIT_COLORS[fit].text for fit in (Fit.FITS, Fit.GPU_ONLY, Fit.NO))  # the verdict's words
 
 
 def _default(name: str) -> Any:
     """The pipeline registry's default for ``name`` (one set of defaults for notebooks, CLI and explorer)."""
     return PARAMETERS[name].default
+
+
+def _default_strategy() -> str:
+    """The registry's strategy on the registry's GPU count: its ``ddp`` on one GPU is one process (``single``), as
+    the pipeline reads it (:func:`oomlab.launch.user.user_launch`)."""
+    strategy = _default("strategy")
+    return Strategy.SINGLE.value if strategy == Strategy.DDP.value and _default("gpus") == 1 else strategy
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ class Choices:
     gpu: str = _default("gpu")
     gpus: int = _default("gpus")  # GPUs per node
     nodes: int = 1
-    strategy: str = "ddp" if _default("gpus") > 1 else "single"  # a replica per GPU, as the seed ran
-    method: str = "full"
+    strategy: str = _default_strategy()  # a replica per GPU, as the seed ran
+    method: str = _default("method")
     precision: str = _default("precision")
     optimizer: str = _default("optimizer")
     batch: int = _default("batch")  # micro-batch per GPU
@@ -69,7 +69,7 @@ class Choices:
     checkpointing: bool = _default("checkpointing")
     attention: str = _default("attention")
     lora_rank: int = _default("lora_rank")  # used by lora / qlora only
-    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS  # used by lora / qlora only
+    lora_targets: tuple[str, ...] = tuple(_default("lora_targets").split(","))  # used by lora / qlora only
     host_ram_bytes: int = resolve_host_ram(_default("host_ram"), _default("gpu"), _default("gpus")).host_ram_bytes
     outside_mib: float | None = None  # memory outside PyTorch per GPU; None: the shipped figure for the GPU
 
@@ -264,6 +264,23 @@ class BudgetBar:
 # ------------------------------------------------------------------------------------------ widgets
 
 
+def lora_target_options(spec: ModelSpec) -> tuple[str, ...]:
+    """What the LoRA-targets control offers for ``spec``'s model: its family's nn.Linear names and ``all-linear``."""
+    return (*spec.lora_target_names, ALL_LINEAR)
+
+
+def lora_target_selection(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[str, ...]:
+    """The control's selection for ``targets`` in ``spec``'s model: the names as given where the model has them,
+    else what :func:`~oomlab.core.setup.lora_targets_for` makes of them (LLaMA's default names: the family's
+    attention projections), else -- names of another family's, left from the model before -- those projections."""
+    if set(targets) <= set(lora_target_options(spec)):
+        return tuple(targets)
+    try:
+        return lora_targets_for(spec, targets)
+    except OomlabError:
+        return spec.attention_projections
+
+
 def _control_widgets(choices: Choices) -> dict[str, Any]:
     import ipywidgets as w
 
@@ -272,6 +289,8 @@ def _control_widgets(choices: Choices) -> dict[str, Any]:
     gpu_options = [(f"{load_gpu(g).display_name} ({format_size(load_gpu(g).total_memory_bytes)})", g)
                    for g in known_gpus()]
     gpu = load_gpu(choices.gpu).name  # validates the name; canonical spelling
+    spec = load_model(choices.model)
+    targets = lora_target_options(spec)  # the chosen model's names: they follow the model control
 
     def dropdown(label: str, options: Any, value: Any) -> Any:
         return w.Dropdown(description=label, options=options, value=value, style=style, layout=layout)
@@ -299,9 +318,9 @@ def _control_widgets(choices: Choices) -> dict[str, Any]:
                                     style=style, layout=layout),
         "attention": dropdown("attention", [a.value for a in Attention], Attention(choices.attention).value),
         "lora_rank": number("LoRA rank", choices.lora_rank, 1, 4096),
-        "lora_targets": w.SelectMultiple(description="LoRA targets", options=LORA_TARGET_CHOICES,
-                                         value=tuple(choices.lora_targets), rows=len(LORA_TARGET_CHOICES),
-                                         style=style, layout=layout),
+        "lora_targets": w.SelectMultiple(description="LoRA targets", options=targets,
+                                         value=lora_target_selection(spec, tuple(choices.lora_targets)),
+                                         rows=len(targets), style=style, layout=layout),
         "host_ram_bytes": w.BoundedFloatText(description="host RAM (GiB)", value=choices.host_ram_bytes / GiB,
                                              min=1, max=1 << 20, style=style, layout=layout),
         # a negative value means "the shipped figure for the GPU" (a widget holds no None)
@@ -373,6 +392,7 @@ class Explorer:
         self.ui.add_class("oomlab-explorer")
         self.exploration: Exploration | None = None
         self.last_update_s = 0.0
+        self._holding = False  # True while a callback sets controls itself: one update after, not one per control
         self.update()
         for control in self.controls.values():
             control.observe(self._on_change, names="value")
@@ -394,7 +414,33 @@ class Explorer:
                 value = value / GiB
             elif name == "outside_mib":
                 value = -1.0 if value is None else value
+            elif name == "lora_targets":
+                if self._follow_model(tuple(value)):
+                    self.update()
+                continue
             control.value = value
+
+    def _follow_model(self, targets: tuple[str, ...] | None = None) -> bool:
+        """Offer the chosen model's own LoRA target names and select ``targets`` (default: the selection) as that
+        model reads them (:func:`lora_target_selection`); True when the control changed."""
+        control = self.controls["lora_targets"]
+        targets = tuple(control.value) if targets is None else targets
+        try:
+            spec = load_model(self.controls["model"].value)
+            options, selection = lora_target_options(spec), lora_target_selection(spec, targets)
+        except OomlabError:  # not a model (the verdict says why): the last model's names stay
+            options = tuple(control.options)
+            selection = tuple(t for t in targets if t in options)
+        if (tuple(control.options), tuple(control.value)) == (options, selection):
+            return False
+        self._holding = True
+        try:
+            if tuple(control.options) != options:
+                control.options, control.rows = options, len(options)
+            control.value = selection
+        finally:
+            self._holding = False
+        return True
 
     @property
     def bar_data(self) -> dict[MemCategory, int]:
@@ -402,6 +448,10 @@ class Explorer:
         return self.exploration.segments if self.exploration else {}
 
     def _on_change(self, change: dict[str, Any]) -> None:
+        if self._holding:
+            return
+        if change.get("owner") is self.controls["model"]:
+            self._follow_model()
         self.update()
 
     def update(self) -> Exploration:
@@ -455,8 +505,8 @@ def build_explorer(
     host_ram: str | int = _default("host_ram"),
     nodes: int = Choices.nodes,
     attention: str = Choices.attention,
-    lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS,
-    outside_mib: float | None = None,
+    lora_targets: str | tuple[str, ...] = Choices.lora_targets,
+    outside_mib: float | None = Choices.outside_mib,
 ) -> Explorer:
     """The explorer's widgets, starting from these choices (the notebook's parameters).
 
@@ -479,11 +529,10 @@ def build_explorer(
                                 "shipped figure)")
     targets = tuple(t.strip() for t in lora_targets.split(",") if t.strip()) if isinstance(lora_targets, str) \
         else tuple(lora_targets)
-    for target in targets:
-        if target not in LORA_TARGET_CHOICES:
-            raise UnknownNameError("LoRA target module", target, LORA_TARGET_CHOICES)
     host = resolve_host_ram(host_ram, load_gpu(gpu).name, gpus).host_ram_bytes  # auto: the GPUs' machine's
-    load_model(model)  # an unknown name or a missing config.json is refused here, naming it
+    spec = load_model(model)  # an unknown name or a missing config.json is refused here, naming it
+    if targets:
+        lora_targets_for(spec, targets)  # the model's own names (its family's), as make_setup judges them
     choices = Choices(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
                       precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,
                       attention=attention, lora_rank=lora_rank, lora_targets=targets, host_ram_bytes=host,

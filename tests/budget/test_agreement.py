@@ -1,12 +1,12 @@
 """The committed analytic-vs-traced matrix: within 2 % on peaks and components, current, and reproducible."""
 
-from dataclasses import asdict
+import json
 
 import pytest
 
 from oomlab.budget import agreement
 from oomlab.budget.analytic import estimate_setup
-from oomlab.budget.result import Source
+from oomlab.budget.result import MemCategory, Phase, Source
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +19,15 @@ def _row(committed, key: tuple) -> dict:
 
 
 def _rows_from_json(committed) -> list[agreement.AgreementRow]:
-    return [agreement.AgreementRow(r["setup"], r["analytic_peak_bytes"], r["traced_peak_bytes"], r["analytic_phase"],
-                                   r["traced_phase"], r["analytic_components"], r["traced_components"])
-            for r in committed["rows"]]
+    return [agreement.AgreementRow.from_json(r) for r in committed["rows"]]
+
+
+def _untraced_from_json(committed) -> list[agreement.AnalyticOnlyRow]:
+    return [agreement.AnalyticOnlyRow.from_json(r) for r in committed["analytic_only"]]
+
+
+def _measured_from_json(committed) -> list[agreement.MeasuredRow]:
+    return [agreement.MeasuredRow.from_json(m) for m in committed["measured"]]
 
 
 def test_matrix_covers_every_launch(committed) -> None:
@@ -54,10 +60,31 @@ def test_every_peak_and_component_within_two_percent(committed) -> None:
 def test_components_test_catches_a_misfiled_category() -> None:
     """A row whose totals agree but whose bytes sit in another category does not agree."""
     gib = 1024**3
-    row = agreement.AgreementRow("x", 20 * gib, 20 * gib, "backward", "backward",
-                                 {"activations": 4 * gib, "transient workspace": 16 * gib},
-                                 {"activations": 18 * gib, "transient workspace": 2 * gib})
-    assert row.ratio == 1 and not row.agrees and row.worst_component[0] in ("activations", "transient workspace")
+    act, work = MemCategory.ACTIVATIONS, MemCategory.WORKSPACE
+    row = agreement.AgreementRow("x", 20 * gib, 20 * gib, Phase.BACKWARD, Phase.BACKWARD,
+                                 {act: 4 * gib, work: 16 * gib}, {act: 18 * gib, work: 2 * gib})
+    assert row.ratio == 1 and not row.agrees and row.worst_component[0] in (act, work)
+
+
+def test_rows_hold_phases_and_categories() -> None:
+    """Computed rows hold Phase and MemCategory members; their values appear only in the JSON and the document."""
+    row = agreement.compare(agreement.matrix_setup(agreement.MATRIX[0]))
+    assert isinstance(row.analytic_phase, Phase) and isinstance(row.traced_phase, Phase)
+    assert {type(c) for c in (*row.analytic_components, *row.traced_components)} == {MemCategory}
+    assert isinstance(row.worst_component[0], MemCategory)
+    assert row.to_json()["traced_phase"] == row.traced_phase.value
+    assert all(isinstance(m.measured_phase, Phase) and isinstance(m.analytic_phase, Phase)
+               for m in agreement.measured_rows())
+    untraced = agreement.analytic_only(*agreement.ANALYTIC_ONLY[0])
+    assert isinstance(untraced.analytic_phase, Phase)
+
+
+def test_committed_json_is_what_the_rows_write(committed) -> None:
+    """agreement.json is exactly what committed_data writes from the rows read back from it (to_json / from_json
+    round-trip to the byte)."""
+    data = agreement.committed_data(_rows_from_json(committed), _untraced_from_json(committed),
+                                    _measured_from_json(committed), committed["versions"])
+    assert json.dumps(data, indent=2) + "\n" == agreement.AGREEMENT_JSON.read_text()
 
 
 def test_committed_analytic_figures_are_current(committed) -> None:
@@ -66,8 +93,8 @@ def test_committed_analytic_figures_are_current(committed) -> None:
         setup = agreement.matrix_setup(tuple(row["key"]))
         result = estimate_setup(setup)
         assert result.allocated_peak_bytes == row["analytic_peak_bytes"], row["setup"]
-        phase = next(p for p in result.phases if p.value == row["traced_phase"])
-        assert agreement._allocated(result.phases[phase]) == row["analytic_components"], row["setup"]
+        expected = agreement.AgreementRow.from_json(row)
+        assert agreement._allocated(result.phases[expected.traced_phase]) == expected.analytic_components, row["setup"]
     for row in committed["analytic_only"]:
         fresh = agreement.analytic_only(tuple(row["key"]), agreement.NotTraced[row["reason"]])
         assert fresh.analytic_peak_bytes == row["analytic_peak_bytes"], row["setup"]
@@ -75,11 +102,8 @@ def test_committed_analytic_figures_are_current(committed) -> None:
 
 def test_committed_doc_is_rendered_from_the_committed_rows(committed) -> None:
     """docs/budget-agreement.md is what render_markdown writes from agreement.json (neither edited by hand)."""
-    untraced = [agreement.AnalyticOnlyRow(r["setup"], r["analytic_peak_bytes"], r["analytic_phase"],
-                                          agreement.NotTraced[r["reason"]]) for r in committed["analytic_only"]]
-    measured = [agreement.MeasuredRow(m["setup"], m["measured_peak_bytes"], m["analytic_peak_bytes"],
-                                      m["measured_phase"], m["analytic_phase"]) for m in committed["measured"]]
-    expected = agreement.render_markdown(_rows_from_json(committed), untraced, committed["versions"], measured)
+    expected = agreement.render_markdown(_rows_from_json(committed), _untraced_from_json(committed),
+                                         committed["versions"], _measured_from_json(committed))
     assert agreement.AGREEMENT_DOC.read_text() == expected
 
 
@@ -88,8 +112,7 @@ def test_measured_deepspeed_rows_agree_and_are_current(committed) -> None:
     analytic model as they stand)."""
     assert len(committed["measured"]) >= 15
     assert all(abs(m["ratio"] - 1) <= agreement.TOLERANCE for m in committed["measured"])
-    fresh = [asdict(m) for m in agreement.measured_rows()]
-    assert fresh == [{k: v for k, v in m.items() if k != "ratio"} for m in committed["measured"]]
+    assert [m.to_json() for m in agreement.measured_rows()] == committed["measured"]
 
 
 @pytest.mark.parametrize("key", [
@@ -102,8 +125,9 @@ def test_committed_traced_figures_reproduce(committed, key, tmp_path, monkeypatc
     monkeypatch.setenv("OOMLAB_CACHE_DIR", str(tmp_path))
     row = _row(committed, key)
     fresh = agreement.compare(agreement.matrix_setup(key))
-    assert fresh.traced_peak_bytes == row["traced_peak_bytes"]
-    assert dict(fresh.traced_components) == row["traced_components"]
+    expected = agreement.AgreementRow.from_json(row)
+    assert (fresh.traced_peak_bytes, fresh.traced_phase) == (expected.traced_peak_bytes, expected.traced_phase)
+    assert dict(fresh.traced_components) == expected.traced_components
 
 
 def test_traced_budget_components_sum_to_the_steady_peak(committed) -> None:

@@ -3,12 +3,12 @@
 import pytest
 
 from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.deepspeed_layout import flat_partition
 from oomlab.budget.estimate import estimate
 from oomlab.budget.result import MemCategory, Phase, Source
 from oomlab.budget.states import (
     gradients_on_gpu,
     lora_parameters,
-    master_weights_on_gpu,
     optimizer_on_gpu,
     optimizer_temp_bytes,
     weight_bytes_total,
@@ -18,34 +18,55 @@ from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.setup import make_setup
 
 N13 = 13_015_864_320
+ROTARY = 512  # llama-13b's fp32 inv_freq and original_inv_freq buffers (2 x 4 B x head_dim / 2), not cast by DeepSpeed
+STATES = (MemCategory.WEIGHTS, MemCategory.GRADIENTS, MemCategory.MASTER_WEIGHTS, MemCategory.OPTIMIZER_STATE)
+
+
+def _optimizer_step(setup) -> dict[MemCategory, int]:
+    """What estimate() holds in the optimizer step."""
+    return dict(estimate_setup(setup, 0).phases[Phase.OPTIMIZER])
 
 
 def test_zero_paper_16_bytes_per_parameter() -> None:
-    """ZeRO-style mixed-precision Adam on one GPU: 2 + 2 + 4 + 8 = 16 bytes per parameter."""
+    """ZeRO-style mixed-precision Adam on one GPU, as estimate() holds it in the step: 2 + 2 + 4 + 8 = 16 bytes per
+    parameter (and the rotary buffers DeepSpeed leaves in fp32)."""
     s = make_setup(model="llama-13b", gpu="a100-80gb", strategy="zero2", precision="fp16-mixed")
-    states = weights_on_gpu(s) + gradients_on_gpu(s) + master_weights_on_gpu(s) + optimizer_on_gpu(s)
-    assert states == 16 * N13
+    step = _optimizer_step(s)
+    assert [step[c] for c in STATES] == [2 * N13 + ROTARY, 2 * N13, 4 * N13, 8 * N13]
 
 
 def test_torch_autocast_keeps_fp32_weights() -> None:
     """torch autocast: fp32 weights and gradients, 8 bytes of Adam state; no separate master copy."""
     s = make_setup(model="llama-13b", gpu="a100-80gb", precision="fp16-mixed")
-    assert (weights_on_gpu(s), gradients_on_gpu(s), master_weights_on_gpu(s), optimizer_on_gpu(s)) == (
-        4 * N13, 4 * N13, 0, 8 * N13)
+    assert (weights_on_gpu(s), gradients_on_gpu(s), optimizer_on_gpu(s)) == (4 * N13, 4 * N13, 8 * N13)
+    step = _optimizer_step(s)
+    assert [step.get(c, 0) for c in STATES] == [4 * N13, 4 * N13, 0, 8 * N13]
 
 
 @pytest.mark.parametrize(("gpus", "expected"), [(1, 2 * N13 + 18 * N13), (4, 2 * N13 + 18 * N13 // 4)])
 def test_zero2_optimizer_phase_is_deepspeed_estimator_plus_the_flat_copy(gpus: int, expected: int) -> None:
     """Model states at the ZeRO-2 optimizer step: DeepSpeed's 2N + 18N/gpus (its cold estimator) plus the half flat
-    copy of the gradient partition that step() makes before converting it to fp32 (2N/gpus)."""
+    copy of the gradient partition that step() makes before converting it to fp32 (2N/gpus), the rotary buffers, and
+    the whole parameters the largest rank's gradient partition overlaps beyond its share (grads_in_partition)."""
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
     s = make_setup(model="llama-13b", gpu="a100-80gb", gpus=gpus, strategy="zero2", precision="fp16-mixed")
-    ours = (weights_on_gpu(s) + gradients_on_gpu(s) + master_weights_on_gpu(s) + optimizer_on_gpu(s)
-            + optimizer_temp_bytes(s))
+    step = _optimizer_step(s)
+    ours = sum(step[c] for c in STATES) + step[MemCategory.WORKSPACE]
     _, deepspeed_gpu = estimate_zero2_model_states_mem_needs(N13, num_gpus_per_node=gpus, cpu_offload=False)
     assert deepspeed_gpu == expected
-    assert abs(ours - deepspeed_gpu - 2 * N13 // gpus) <= gpus  # ceil-division rounding only
+    part = flat_partition(s)
+    assert part.aligned == N13  # no alignment padding: N is a multiple of 2 x gpus
+    assert ours - deepspeed_gpu - 2 * N13 // gpus == ROTARY + 2 * (part.in_partition - part.partition)
+
+
+def test_non_adamw_and_offload_have_no_optimizer_temporary() -> None:
+    """torch's foreach AdamW holds a state-sized sqrt; fused AdamW and SGD none, nor an offloaded (HOST) step."""
+    kw = {"model": "llama-13b", "gpu": "a100-80gb", "gpus": 4, "precision": "bf16-mixed"}
+    assert optimizer_temp_bytes(make_setup(strategy="fsdp", **kw)) == 8 * N13 // 4 // 2
+    for strategy, optimizer in (("fsdp", "adamw-fused"), ("fsdp", "sgd"), ("fsdp-offload", "adamw"),
+                                ("fsdp2-offload", "adamw")):
+        assert optimizer_temp_bytes(make_setup(strategy=strategy, optimizer=optimizer, **kw)) == 0
 
 
 def test_fsdp_against_deepspeed_zero3() -> None:
@@ -197,15 +218,21 @@ def test_fsdp_loads_the_weights_once_per_node() -> None:
     """FSDP with fsdp_cpu_ram_efficient_loading (oomlab's launch files set it): rank 0 loads, the others build on
     meta -- one copy of the weights in host RAM, not one per process; DDP and QLoRA (quantized: every rank) load
     per process."""
-    from oomlab.budget.analytic import host_ram_bytes
-
     kw = {"model": "llama-2-70b", "gpu": "a100-80gb", "gpus": 8, "precision": "bf16-mixed"}
     fsdp = make_setup(strategy="fsdp2", method="lora", **kw)
     ddp = make_setup(strategy="ddp", method="lora", **kw)
     qlora = make_setup(strategy="fsdp2", method="qlora", **kw)
-    assert host_ram_bytes(fsdp) == weight_bytes_total(fsdp)
-    assert host_ram_bytes(ddp) == 8 * weight_bytes_total(ddp)
-    assert host_ram_bytes(qlora) == 8 * weight_bytes_total(qlora)
+    assert estimate_setup(fsdp, 0).host_ram_bytes == weight_bytes_total(fsdp)
+    assert estimate_setup(ddp, 0).host_ram_bytes == 8 * weight_bytes_total(ddp)
+    assert estimate_setup(qlora, 0).host_ram_bytes == 8 * weight_bytes_total(qlora)
+
+
+@pytest.mark.parametrize(("strategy", "nodes"), [("fsdp-offload", 1), ("fsdp-offload", 2), ("fsdp2-offload", 2)])
+def test_fsdp_offload_host_ram_is_the_host_share_per_node(strategy: str, nodes: int) -> None:
+    """FSDP offload keeps every model state on the host (sharding.SHARES: HOST): one node holds 1 / nodes of the
+    fp32 weights, gradients and Adam state (4 + 4 + 8 bytes per parameter), beside rank 0's loaded replica."""
+    s = make_setup(model="llama-13b", gpu="a100-80gb", gpus=4, nodes=nodes, strategy=strategy, precision="bf16-mixed")
+    assert estimate_setup(s, 0).host_ram_bytes == 4 * N13 + 16 * N13 // nodes
 
 
 _MODELS = ("llama-2-7b", "llama-3.1-8b", "llama-13b", "mistral-7b")

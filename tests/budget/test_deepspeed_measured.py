@@ -5,6 +5,8 @@ is rendered from the committed data."""
 import pytest
 
 from oomlab.budget import deepspeed_measured as dm
+from oomlab.budget.deepspeed_run import PHASES, phase_mark
+from oomlab.budget.result import Phase
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +51,17 @@ def test_every_figure_agrees_with_todays_analytic_budget(rows) -> None:
 def test_committed_doc_is_rendered_from_the_data(data) -> None:
     """docs/deepspeed-small-scale.md equals the rendering of the committed JSON with today's analytic side."""
     assert dm.MEASURED_DOC.read_text() == dm.render_markdown(data)
+
+
+def test_phases_are_the_phase_enum(data) -> None:
+    """The run marks each step's phases with Phase members (their values label the profiler marks and key the JSON);
+    measured and analytic figures are compared by member."""
+    assert PHASES == tuple(Phase) and phase_mark(2, Phase.OPTIMIZER) == "s2_optimizer"
+    rank = data["measured"][0][0]
+    assert set(rank["peaks"]) == {p.value for p in Phase}
+    assert dm.measured_peaks(rank) == {p: rank["peaks"][p.value] for p in Phase}
+    analytic = dm.analytic_step(data["cases"][0])
+    assert list(analytic.phases) == list(Phase) and analytic.peak_phase in Phase
 
 
 def test_row_agreement_can_fail() -> None:

@@ -4,11 +4,14 @@ three rows re-traced to check the committed traced figures."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from oomlab.budget import families as fam
 from oomlab.budget.agreement import describe
 from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.result import MemCategory, Phase, Source
 from oomlab.budget.traced import traced_budget
 from oomlab.core.models import Family
 
@@ -26,13 +29,31 @@ def test_doc_is_rendered_from_the_committed_json() -> None:
     assert fam.FAMILY_DOC.read_text() == fam.render_markdown(ROWS, COMMITTED["versions"])
 
 
+def test_committed_json_is_what_the_rows_write() -> None:
+    """family-agreement.json is exactly what committed_data writes from the rows read back from it."""
+    assert json.dumps(fam.committed_data(ROWS, COMMITTED["versions"]), indent=2) + "\n" == fam.FAMILY_JSON.read_text()
+
+
+def test_rows_hold_sources_phases_and_categories() -> None:
+    """Rows hold Source, Phase and MemCategory members (no worst component for a measured row), a fresh traced row
+    too; the strings are the JSON's."""
+    assert {r.source for r in ROWS} == {Source.TRACED, Source.MEASURED}
+    assert all(isinstance(r.analytic_phase, Phase) and isinstance(r.reference_phase, Phase) for r in ROWS)
+    assert all(isinstance(r.worst_component, MemCategory) for r in ROWS if r.source is Source.TRACED)
+    assert all(r.worst_component is None and r.to_json()["worst_component"] == "" for r in ROWS
+               if r.source is Source.MEASURED)
+    fresh = fam.traced_row(Family.LLAMA, 0)
+    assert isinstance(fresh.analytic_phase, Phase) and isinstance(fresh.worst_component, MemCategory)
+    assert fresh.source is Source.TRACED and fresh.to_json()["source"] == "traced"
+
+
 def test_every_family_agrees_on_two_traced_setups_and_a_real_step() -> None:
     """Per family: >= 2 traced setups within 2 % (peak and components) and a real CPU step within 3 %."""
     assert {r.family for r in ROWS} == {f.value for f in Family}
     for family in Family:
         rows = [r for r in ROWS if r.family == family.value]
-        assert sum(r.agrees for r in rows if r.source == "traced") >= 2, family
-        assert [r.agrees for r in rows if r.source == "measured"] == [True], family
+        assert sum(r.agrees for r in rows if r.source is Source.TRACED) >= 2, family
+        assert [r.agrees for r in rows if r.source is Source.MEASURED] == [True], family
 
 
 def test_only_the_stated_gaps_disagree() -> None:
@@ -56,7 +77,7 @@ def test_committed_analytic_figures_are_current() -> None:
         assert estimate_setup(fam.traced_setup(family, index)).allocated_peak_bytes == \
             _row(family, index).analytic_peak_bytes, (family, index)
     for family in CURRENT_MEASURED:
-        row = next(r for r in ROWS if r.family == family.value and r.source == "measured")
+        row = next(r for r in ROWS if r.family == family.value and r.source is Source.MEASURED)
         case = fam.SmallCase(row.family, {"family": family, **fam.MEASURED_KNOBS})
         assert estimate_setup(case.setup).allocated_peak_bytes == row.analytic_peak_bytes, row.family
 

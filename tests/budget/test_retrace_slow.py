@@ -26,6 +26,7 @@ def test_committed_row_retraces(key: tuple, tmp_path, monkeypatch: pytest.Monkey
     row = next(r for r in COMMITTED["rows"] if tuple(r["key"]) == key)
     fresh = agreement.compare(agreement.matrix_setup(key))
     assert fresh.setup == row["setup"]
-    assert (fresh.traced_peak_bytes, fresh.traced_phase) == (row["traced_peak_bytes"], row["traced_phase"])
-    assert dict(fresh.traced_components) == row["traced_components"]
+    expected = agreement.AgreementRow.from_json(row)
+    assert (fresh.traced_peak_bytes, fresh.traced_phase) == (expected.traced_peak_bytes, expected.traced_phase)
+    assert dict(fresh.traced_components) == expected.traced_components
     assert fresh.analytic_peak_bytes == row["analytic_peak_bytes"]

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import pytest
 
+from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.deepspeed_layout import flat_partition
 from oomlab.budget.estimate import estimate
-from oomlab.budget.result import MemCategory
+from oomlab.budget.result import MemCategory, Phase
 from oomlab.budget.sharding import SHARES, Share, per_gpu
-from oomlab.budget.states import gradients_on_gpu, master_weights_on_gpu, optimizer_on_gpu, weights_on_gpu
+from oomlab.budget.states import gradients_on_gpu, optimizer_on_gpu, weights_on_gpu
 from oomlab.core.choices import Strategy
 from oomlab.core.setup import make_setup
 
 N = 13_015_864_320  # llama-13b's parameters
 W, G, OPT = MemCategory.WEIGHTS, MemCategory.GRADIENTS, MemCategory.OPTIMIZER_STATE
+M = MemCategory.MASTER_WEIGHTS
+ROTARY = 512  # llama-13b's fp32 rotary buffers, which DeepSpeed does not cast
 
 
 def setup(strategy: str, gpus: int, nodes: int):
@@ -59,26 +63,59 @@ def test_every_sharded_strategy_shards_over_nodes(strategy: Strategy) -> None:
 
 
 @pytest.mark.parametrize(
-    ("strategy", "weights", "gradients", "master", "optimizer"),
+    ("strategy", "weights", "gradients", "optimizer"),
     [
         # FSDP, bf16-mixed: fp32 flat parameters (4N) and gradients (4N), Adam's two fp32 states (8N), all / 8
-        ("fsdp", 4 * N // 8, 4 * N // 8, 0, 8 * N // 8),
-        ("fsdp2", 4 * N // 8, 4 * N // 8, 0, 8 * N // 8),
-        # ZeRO-1: half weights and gradients whole (2N each), fp32 master (4N) and Adam (8N) / 8
-        ("zero1", 2 * N, 2 * N, 4 * N // 8, 8 * N // 8),
-        # ZeRO-2: + half gradients / 8
-        ("zero2", 2 * N, 2 * N // 8, 4 * N // 8, 8 * N // 8),
-        # ZeRO-3: + half weights / 8
-        ("zero3", 2 * N // 8, 2 * N // 8, 4 * N // 8, 8 * N // 8),
+        ("fsdp", 4 * N // 8, 4 * N // 8, 8 * N // 8),
+        ("fsdp2", 4 * N // 8, 4 * N // 8, 8 * N // 8),
         # DDP: a replica, whatever the nodes
-        ("ddp", 4 * N, 4 * N, 0, 8 * N),
+        ("ddp", 4 * N, 4 * N, 8 * N),
     ],
 )
-def test_llama_13b_on_two_nodes(strategy: str, weights: int, gradients: int, master: int, optimizer: int) -> None:
+def test_llama_13b_on_two_nodes(strategy: str, weights: int, gradients: int, optimizer: int) -> None:
     """Full-size figures on 4 GPUs x 2 nodes, hand-computed: the divisor is 8."""
     s = setup(strategy, 4, 2)
-    got = (weights_on_gpu(s), gradients_on_gpu(s), master_weights_on_gpu(s), optimizer_on_gpu(s))
-    assert got == (weights, gradients, master, optimizer)
+    assert (weights_on_gpu(s), gradients_on_gpu(s), optimizer_on_gpu(s)) == (weights, gradients, optimizer)
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_zero12_llama_13b_on_two_nodes(strategy: str) -> None:
+    """estimate()'s ZeRO-1/2 optimizer step on 4 GPUs x 2 nodes: the half replica whole (2N and the rotary buffers),
+    the half gradient partition (whole parameters of the rank's share: ZeRO-1 too, not a replica), the fp32 master
+    (4N) and Adam (8N) / 8."""
+    s = setup(strategy, 4, 2)
+    step = estimate_setup(s, 0).phases[Phase.OPTIMIZER]
+    part = flat_partition(s)
+    assert part.partition == N // 8 < part.in_partition < N // 4
+    assert (step[W], step[G], step[M], step[OPT]) == (2 * N + ROTARY, 2 * part.in_partition, 4 * N // 8, 8 * N // 8)
+
+
+def _whole_model(strategy: Strategy, method: str) -> dict[MemCategory, int]:
+    """The strategy's optimizer-step model states on one GPU (what a replica holds), DeepSpeed's from its
+    non-offloaded sibling (an offloaded one holds nothing to compare)."""
+    sibling = {Strategy.ZERO2_OFFLOAD: Strategy.ZERO2, Strategy.ZERO3_OFFLOAD: Strategy.ZERO3,
+               Strategy.FSDP_OFFLOAD: Strategy.FSDP, Strategy.FSDP2_OFFLOAD: Strategy.FSDP2}.get(strategy, strategy)
+    one = make_setup("llama-13b", "h100-80gb", gpus=1, strategy=sibling.value, method=method, precision="bf16-mixed")
+    return dict(estimate_setup(one, 0).phases[Phase.OPTIMIZER])
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("strategy", [s for s in Strategy if s is not Strategy.SINGLE])
+def test_estimate_holds_what_the_table_says(strategy: Strategy, method: str) -> None:
+    """The one rule: in estimate()'s optimizer step on 8 GPUs each category is what SHARES says -- a WHOLE one the
+    one-GPU figure, a SHARDED one about an eighth of it (DeepSpeed's padding and whole-parameter partitions above
+    the exact eighth, well below a quarter), a HOST one nothing (but the rotary buffers)."""
+    eight = make_setup("llama-13b", "h100-80gb", gpus=8, strategy=strategy.value, method=method,
+                       precision="bf16-mixed")
+    step, whole = dict(estimate_setup(eight, 0).phases[Phase.OPTIMIZER]), _whole_model(strategy, method)
+    for category, how in SHARES[strategy].items():
+        got, total = step.get(category, 0), whole.get(category, 0)
+        if how is Share.HOST:  # DeepSpeed keeps the model's buffers (not parameters) on the GPU
+            assert got == (ROTARY if strategy.deepspeed and category is W else 0), category
+        elif how is Share.WHOLE:
+            assert got == total, category
+        elif total:  # SHARDED (a category the setup has at all)
+            assert total // 8 <= got < total // 4, category
 
 
 def test_estimate_on_two_nodes_is_that_of_eight_gpus() -> None:

@@ -9,8 +9,9 @@ import torch
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import known_gpus, load_gpu
+from oomlab.core.layouts import kv_dim_of, kv_heads_of, q_dim_of
 from oomlab.core.modeling import build_meta_model
-from oomlab.core.models import ALL_LINEAR, PROJECTIONS, Family, known_models, load_model
+from oomlab.core.models import ALL_LINEAR, PROJECTIONS, Family, known_models, load_model, model_from_config
 from oomlab.core.setup import make_setup
 from oomlab.core.units import format_size
 
@@ -158,6 +159,54 @@ def test_falcon_legacy_aliases() -> None:
     spec = load_model("falcon-7b")
     assert (spec.num_attention_heads, spec.num_hidden_layers, spec.num_key_value_heads) == (71, 32, 1)
     assert spec.tie_word_embeddings is True
+
+
+def _k_width(spec) -> int:
+    """The key projection's output width in the spec's layer layout (fused q/k/v: what the query leaves, halved)."""
+    shapes = spec.projection_shapes
+    if "k_proj" in shapes:
+        return shapes["k_proj"][1]
+    fused = shapes["qkv_proj"] if "qkv_proj" in shapes else shapes["query_key_value"]
+    return (fused[1] - spec.q_dim) // 2
+
+
+def test_falcon_kv_dim_is_its_one_shared_head() -> None:
+    """falcon-7b is multi-query: the spec's kv_dim and layouts.kv_dim_of agree on one 64-wide head, the width the
+    fused query_key_value gives k (not 71 heads x 64 = 4544)."""
+    spec = load_model("falcon-7b")
+    assert spec.projection_shapes["query_key_value"] == (4544, 4544 + 2 * 64)
+    assert spec.kv_dim == kv_dim_of(spec.resolved) == _k_width(spec) == 64
+    assert spec.q_dim == q_dim_of(spec.resolved) == 4544
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_q_and_kv_dims_are_the_layouts(name: str) -> None:
+    """ModelSpec.q_dim / kv_dim are layouts.q_dim_of / kv_dim_of of the config, and the widths the layer's layout
+    gives the query and key projections."""
+    spec = load_model(name)
+    assert (spec.q_dim, spec.kv_dim) == (q_dim_of(spec.resolved), kv_dim_of(spec.resolved))
+    assert spec.kv_dim == spec.num_key_value_heads * spec.head_dim == _k_width(spec)
+    if "q_proj" in spec.projection_shapes:
+        assert spec.projection_shapes["q_proj"][1] == spec.q_dim
+
+
+@pytest.mark.parametrize(("multi_query", "new_architecture", "extra", "kv_heads"), [
+    (True, False, {"num_kv_heads": 2}, 1),  # Falcon-7B: one shared k/v head, whatever num_kv_heads says
+    (False, False, {}, 4),  # every head its own k/v
+    (False, True, {"num_kv_heads": 2}, 2),  # Falcon-40B's new decoder architecture: num_kv_heads groups
+    (True, True, {"num_kv_heads": 2}, 2),  # the new architecture ignores multi_query
+])
+def test_falcon_kv_heads_match_the_built_attention(multi_query: bool, new_architecture: bool, extra: dict,
+                                                   kv_heads: int) -> None:
+    """Each Falcon attention layout: the spec's KV heads and dims are what transformers builds (query_key_value's
+    width, FalconAttention.num_kv_heads)."""
+    spec = model_from_config({"model_type": "falcon", "hidden_size": 128, "num_attention_heads": 4,
+                              "num_hidden_layers": 1, "vocab_size": 512, "multi_query": multi_query,
+                              "new_decoder_architecture": new_architecture, **extra}, "tiny-falcon")
+    attention = build_meta_model(spec, load_dtype("bf16")).transformer.h[0].self_attention
+    assert spec.num_key_value_heads == kv_heads_of(spec.resolved) == attention.num_kv_heads == kv_heads
+    assert attention.query_key_value.out_features == spec.q_dim + 2 * spec.kv_dim == 128 + 2 * 32 * kv_heads
+    assert spec.projection_shapes["query_key_value"][1] == attention.query_key_value.out_features
 
 
 @pytest.mark.parametrize(("name", "experts", "top_k"), [("mixtral-8x7b", 8, 2), ("qwen1.5-moe-a2.7b", 60, 4),

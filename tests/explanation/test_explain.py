@@ -17,11 +17,13 @@ from oomlab.core.seed import seed_report_text
 from oomlab.core.units import MiB, format_size
 from oomlab.explanation.display import render_explanation
 from oomlab.explanation.explain import explain
+from oomlab.explanation.phase import PhaseCode
 from oomlab.explanation.printed import printed_size
 from oomlab.explanation.request import request_range
 from oomlab.explanation.torch_versions import load_module_lines, match_torch_versions
 from oomlab.reproduction.allocator import get_allocation_size, round_size
 from oomlab.reproduction.outside import seed_outside_bytes
+from oomlab.reproduction.walk import TensorKind
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "real_oom_messages.json").read_text())
 IDS = [f"{i}-{c['source'].split('github.com/')[1]}" for i, c in enumerate(FIXTURES)]
@@ -71,6 +73,7 @@ def test_seed_candidates_are_the_mlp_projections_in_two_bytes(seed) -> None:
     """13824 × 5120 (gate/up) and 5120 × 13824 (down) in float16/bfloat16; gate/up in float16 ranked first."""
     top = seed.candidates[0]
     assert (top.shape, top.dtype, top.count, top.tensor_bytes) == ((13824, 5120), "float16", 80, 141557760)
+    assert top.kind is TensorKind.PARAMETER and "80 such parameters" in seed.verdict
     assert top.roles == ("model.layers.N.mlp.gate_proj.weight", "model.layers.N.mlp.up_proj.weight")
     assert {(c.shape, c.dtype) for c in seed.candidates} == {
         ((13824, 5120), "float16"), ((13824, 5120), "bfloat16"), ((5120, 13824), "float16"),
@@ -93,7 +96,7 @@ def test_seed_walk_position(seed) -> None:
 
 def test_seed_phase_and_torch_version(seed) -> None:
     """Module.to → _apply → convert: moving, not training; 797/820/1143/1145 match torch 2.0.0 and 2.0.1 only."""
-    assert seed.phase.code == "move"
+    assert seed.phase.code is PhaseCode.MOVE
     assert seed.torch_versions == ("2.0.0", "2.0.1")
     assert {("apply_recurse", 797), ("param_applied", 820), ("convert", 1143), ("to_return", 1145)} <= set(
         seed.version_observations)
@@ -165,7 +168,7 @@ def test_real_message_explained(case: dict) -> None:
     if "hint_can_help" in expected:
         assert result.hint_can_help is expected["hint_can_help"]
     assert list(result.torch_versions) == expected.get("torch_versions", [])
-    assert (result.phase.code if result.phase else None) == expected.get("phase")
+    assert (result.phase.code.value if result.phase else None) == expected.get("phase")
     if "this_process" in expected:
         acc = result.processes
         got = None if acc.in_use is None else [acc.pid, acc.in_use.text, acc.basis.value]
@@ -326,21 +329,21 @@ def test_every_verdict_ends_with_the_next_step(case: dict) -> None:
     ("trace", "phase"),
     [
         ('  File "train.py", line 40, in <module>\n    loss.backward()\n'
-         '  File "/x/torch/_tensor.py", line 487, in backward\n    torch.autograd.backward(\n', "backward"),
+         '  File "/x/torch/_tensor.py", line 487, in backward\n    torch.autograd.backward(\n', PhaseCode.BACKWARD),
         ('  File "train.py", line 41, in <module>\n    optimizer.step()\n'
-         '  File "/x/torch/optim/adamw.py", line 184, in step\n    adamw(\n', "optimizer"),
+         '  File "/x/torch/optim/adamw.py", line 184, in step\n    adamw(\n', PhaseCode.OPTIMIZER),
         ('  File "run.py", line 9, in <module>\n    out = model(x)\n'
          '  File "/x/torch/nn/modules/module.py", line 1501, in _call_impl\n    return forward_call(*args)\n'
          '  File "/x/transformers/models/llama/modeling_llama.py", line 80, in forward\n    h = self.up(x)\n',
-         "forward"),
+         PhaseCode.FORWARD),
         ('  File "/x/accelerate/utils/modeling.py", line 300, in set_module_tensor_to_device\n'
-         '    new_value = value.to(device)\n', "load"),
+         '    new_value = value.to(device)\n', PhaseCode.LOAD),
     ],
 )
-def test_phase_from_frames(trace: str, phase: str) -> None:
+def test_phase_from_frames(trace: str, phase: PhaseCode) -> None:
     """Backward, optimizer step, forward and weight loading are told apart by their frames."""
     result = explain(trace + FIXTURES[0]["text"])
-    assert result.phase.code == phase and result.walk is None
+    assert result.phase.code is phase and result.walk is None
 
 
 # ---------------------------------------------------------------------------------- version table

@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from oomlab.core.choices import MessageFormat
 from oomlab.core.errors import NotAnOomMessageError, OomlabError
 from oomlab.core.seed import seed_report_text
 from oomlab.core.units import GiB, MiB
 from oomlab.explanation.backend import Backend
 from oomlab.explanation.frames import parse_traceback
-from oomlab.explanation.message import FORMAT_NEW, FORMAT_OLD, MAX_SCAN_CHARS, parse_oom_message
+from oomlab.explanation.message import MAX_SCAN_CHARS, parse_oom_message
 from oomlab.reproduction.allocator import OOMSnapshot, render_oom_message
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "real_oom_messages.json").read_text())
@@ -25,6 +26,7 @@ FIGURES = ("tried", "total", "free", "allocated", "reserved", "reserved_unalloca
 # ------------------------------------------------------------------------------------ round trips
 
 _BYTES = st.integers(0, 100 * GiB)
+OLD, NEW = MessageFormat.OLD, MessageFormat.NEW
 
 
 @st.composite
@@ -48,7 +50,7 @@ def _holds(size, value: int) -> bool:
 def test_old_format_round_trip(snap: OOMSnapshot) -> None:
     """render_oom_message (torch<=2.0) → parse: every figure's interval holds the true bytes."""
     msg = parse_oom_message(render_oom_message(snap, "torch<=2.0"))
-    assert (msg.format, msg.device_index, msg.missing, msg.hint) == (FORMAT_OLD, snap.device_index, (),
+    assert (msg.format, msg.device_index, msg.missing, msg.hint) == (MessageFormat.OLD, snap.device_index, (),
                                                                      "max_split_size_mb")
     for size, value in ((msg.tried, snap.tried_bytes), (msg.total, snap.total_bytes), (msg.free, snap.free_bytes),
                         (msg.allocated, snap.allocated_bytes), (msg.reserved, snap.reserved_bytes)):
@@ -61,7 +63,7 @@ def test_old_format_round_trip(snap: OOMSnapshot) -> None:
 def test_new_format_round_trip(snap: OOMSnapshot) -> None:
     """render_oom_message (torch>=2.1) → parse: figures hold the truth; reserved = allocated + unallocated."""
     msg = parse_oom_message(render_oom_message(snap, "torch>=2.1"))
-    assert (msg.format, msg.device_index, msg.missing, msg.hint) == (FORMAT_NEW, snap.device_index, (),
+    assert (msg.format, msg.device_index, msg.missing, msg.hint) == (MessageFormat.NEW, snap.device_index, (),
                                                                      "expandable_segments")
     for size, value in ((msg.tried, snap.tried_bytes), (msg.total, snap.total_bytes), (msg.free, snap.free_bytes),
                         (msg.allocated, snap.allocated_bytes), (msg.in_use, snap.in_use_bytes),
@@ -77,7 +79,7 @@ def test_new_format_round_trip(snap: OOMSnapshot) -> None:
 def test_seed_message_figures() -> None:
     """The seed (wrapped over lines inside a rich traceback): torch<=2.0, GPU 0, the five figures, nothing missing."""
     msg = parse_oom_message(seed_report_text())
-    assert (msg.format, msg.backend, msg.device_index, msg.missing) == (FORMAT_OLD, Backend.CUDA, 0, ())
+    assert (msg.format, msg.backend, msg.device_index, msg.missing) == (MessageFormat.OLD, Backend.CUDA, 0, ())
     assert [s.text for s in (msg.tried, msg.total, msg.allocated, msg.free, msg.reserved)] == [
         "136.00 MiB", "14.75 GiB", "14.16 GiB", "40.81 MiB", "14.16 GiB"]
     assert msg.tried.value_bytes == 136 * MiB and msg.hint == "max_split_size_mb"
@@ -89,7 +91,7 @@ def test_real_message_figures(case: dict) -> None:
     """Verbatim messages from public issues: format, device and every figure as printed."""
     msg = parse_oom_message(case["text"])
     expected = case["expected"]
-    assert msg.format == expected["format"]
+    assert msg.format is (None if expected["format"] is None else MessageFormat(expected["format"]))
     assert msg.device_index == expected["device_index"]
     for name in FIGURES:
         if name in expected:
@@ -231,16 +233,16 @@ def test_figure_cut_by_the_input_end_is_missing_not_unreadable(text: str, missin
 @pytest.mark.parametrize(
     ("text", "backend", "fmt"),
     [
-        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has", Backend.CUDA, FORMAT_NEW),
-        ("HIP out of memory. Tried to allocate 2.00 MiB (GPU 0; 15.98 GiB total capacity;", Backend.HIP, FORMAT_OLD),
-        ("XPU out of memory. Tried to allocate 4.66 GiB. GPU 0 has a total capacity of", Backend.XPU, FORMAT_NEW),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has", Backend.CUDA, NEW),
+        ("HIP out of memory. Tried to allocate 2.00 MiB (GPU 0; 15.98 GiB total capacity;", Backend.HIP, OLD),
+        ("XPU out of memory. Tried to allocate 4.66 GiB. GPU 0 has a total capacity of", Backend.XPU, NEW),
         ("MPS backend out of memory (MPS allocated: 5.56 GB, other allocations: 1.10 GB", Backend.MPS, None),
         ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 64 bytes.", Backend.CPU, None),
         ("DefaultCPUAllocator: not enough memory: you tried to allocate 64 bytes.", Backend.CPU, None),  # Windows
-        ("torch.OutOfMemoryError: Out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total", None, FORMAT_NEW),
+        ("torch.OutOfMemoryError: Out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total", None, NEW),
     ],
 )
-def test_backend_is_named_by_the_message(text: str, backend: Backend | None, fmt: str | None) -> None:
+def test_backend_is_named_by_the_message(text: str, backend: Backend | None, fmt: MessageFormat | None) -> None:
     """The message's first words name its backend; MPS and CPU messages have neither caching-allocator format."""
     msg = parse_oom_message(text)
     assert (msg.backend, msg.format) == (backend, fmt)

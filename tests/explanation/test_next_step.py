@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from oomlab.budget.result import Phase
 from oomlab.cli import build_parser
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.seed import seed_report_text
 from oomlab.explanation.explain import explain
-from oomlab.explanation.next_step import PLACEHOLDER_GPUS, next_step, next_step_command
+from oomlab.explanation.next_step import PLACEHOLDER_GPUS, Subcommand, next_step, next_step_command
+from oomlab.explanation.phase import PhaseCode
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "real_oom_messages.json").read_text())
 T4_OLD = FIXTURES[0]["text"]  # colabtools: a T4, torch <= 2.0, no traceback
@@ -97,12 +99,32 @@ def test_config_path_is_quoted(tmp_path: Path) -> None:
     assert shlex.split(command)[4:6] == ["--model", str(path)]
 
 
-@pytest.mark.parametrize("subcommand", ["plan", "budget"])
-def test_prefilled_options_are_the_clis(subcommand: str) -> None:
+@pytest.mark.parametrize("subcommand", list(Subcommand))
+def test_prefilled_options_are_the_clis(subcommand: Subcommand) -> None:
     """With the placeholders filled, the command parses with oomlab's own CLI, as the subcommand it names."""
-    text = (BACKWARD if subcommand == "budget" else "") + T4_OLD
-    command = next_step_command(explain(text, model="llama-13b", dtype="float16"))
-    filled = command.replace(PLACEHOLDER_GPUS, "4").replace("<full|lora|qlora>", "lora")
+    text = (BACKWARD if subcommand is Subcommand.BUDGET else "") + T4_OLD
+    step = next_step(explain(text, model="llama-13b", dtype="float16"))
+    filled = step.command.replace(PLACEHOLDER_GPUS, "4").replace("<full|lora|qlora>", "lora")
     args = build_parser().parse_args(shlex.split(filled)[3:])
+    assert step.subcommand is subcommand
     assert (args.command, args.model, args.gpu, args.gpus, args.precision) == (
-        subcommand, "llama-13b", "t4", 4, "fp16-mixed")
+        subcommand.value, "llama-13b", "t4", 4, "fp16-mixed")
+
+
+def test_training_phases_are_the_budgets() -> None:
+    """The traceback's training-step phases are budget's Phase, one to one; moving and loading are not in it."""
+    assert {code.name: code.value for code in PhaseCode if code.in_step} == {p.name: p.value for p in Phase}
+    assert not PhaseCode.MOVE.in_step and not PhaseCode.LOAD.in_step
+
+
+@pytest.mark.parametrize(("trace", "subcommand"), [
+    (BACKWARD, Subcommand.BUDGET),  # inside a training step: its memory by component
+    ('  File "train.py", line 41, in <module>\n    optimizer.step()\n'
+     '  File "/x/torch/optim/adamw.py", line 184, in step\n    adamw(\n', Subcommand.BUDGET),
+    ('  File "/x/accelerate/utils/modeling.py", line 300, in set_module_tensor_to_device\n'
+     '    new_value = value.to(device)\n', Subcommand.PLAN),  # loading: before any step
+    ("", Subcommand.PLAN),  # no traceback
+])
+def test_subcommand_follows_the_phase(trace: str, subcommand: Subcommand) -> None:
+    """A failure inside the step points to the budget, one before it (or without a traceback) to the plan."""
+    assert next_step(explain(trace + T4_OLD, model="llama-13b")).subcommand is subcommand

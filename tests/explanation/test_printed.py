@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from oomlab.core.size_ranges import format_interval
 from oomlab.core.units import GiB, KiB, MiB, format_size
-from oomlab.explanation.printed import exact_size, format_interval, interval_sub, mps_printed_size, printed_size
+from oomlab.explanation.printed import exact_size, interval_sub, mps_printed_size, printed_size
 
 
 @pytest.mark.parametrize(
@@ -129,7 +130,7 @@ def test_exact_size_is_one_byte_count() -> None:
 @pytest.mark.parametrize(
     ("a", "b", "difference", "printed"),
     [
-        ((10 * MiB, 12 * MiB), (MiB, 2 * MiB), (8 * MiB, 11 * MiB), "8.00 MiB–11.00 MiB"),
+        ((10 * MiB, 12 * MiB), (MiB, 2 * MiB), (8 * MiB, 11 * MiB), "8.00 MiB – 11.00 MiB"),
         ((MiB, MiB), (2 * MiB, 2 * MiB), (-MiB, -MiB), "0 bytes"),  # negative ends print as 0
         ((5 * GiB, 5 * GiB), (GiB, GiB), (4 * GiB, 4 * GiB), "4.00 GiB"),  # both ends print the same: one size
     ],

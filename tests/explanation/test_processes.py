@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from oomlab.core.size_ranges import format_interval
 from oomlab.explanation.message import parse_oom_message
-from oomlab.explanation.printed import format_interval
 from oomlab.explanation.processes import ProcessBasis, account_processes
 
 
@@ -44,10 +44,10 @@ def test_this_process_among_the_listed(listed, this, basis, pid, others, candida
     ("listed", "this", "non_pytorch", "other_processes"),
     [
         # 5 − 4 reserved, each ± 0.005 GiB: 1 GiB − 10,737,418 bytes (1013.76 MiB) to 1 GiB + 10,737,418
-        ([], "5.00 GiB", "1013.76 MiB–1.01 GiB", "33.99 GiB–34.01 GiB"),
+        ([], "5.00 GiB", "1013.76 MiB – 1.01 GiB", "33.99 GiB – 34.01 GiB"),
         # the one listed is this one; "1.00 GiB" free is above 1 GiB (1 GiB itself prints 1024.00 MiB), so the
         # others hold at most 40.005 − 1 − 38.995 GiB = 10.24 MiB
-        ([(7, "39.00 GiB")], None, "34.99 GiB–35.01 GiB", "0 bytes–10.24 MiB"),
+        ([(7, "39.00 GiB")], None, "34.99 GiB – 35.01 GiB", "0 bytes – 10.24 MiB"),
         ([(7, "2.00 GiB"), (8, "30.00 GiB"), (9, "6.00 GiB")], None, None, None),  # ambiguous: not derived
     ],
 )

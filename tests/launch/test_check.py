@@ -2,10 +2,18 @@
 
 from pathlib import Path
 
-from oomlab.core.choices import Strategy
-from oomlab.launch.check import FailsAt, check_launch
-from oomlab.launch.paths import LoadPath
+import pytest
+
+from oomlab.budget.result import Phase
+from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
+from oomlab.core.models import load_model
+from oomlab.core.units import ceil_div
+from oomlab.launch.check import FailsAt, _how, check_launch, check_load, smallest_fix
+from oomlab.launch.inputs import check_inputs
+from oomlab.launch.paths import ROWS, LoadPath
 from oomlab.launch.read import LaunchInputs
+from oomlab.remedies.knobs import knob_table
+from oomlab.reproduction.outside import case_outside
 
 
 def test_zero3_without_zero_init_fails_at_load(tmp_path: Path) -> None:
@@ -18,6 +26,7 @@ def test_zero3_without_zero_init_fails_at_load(tmp_path: Path) -> None:
     assert r.launch.setup.strategy is Strategy.ZERO3 and not r.launch.zero3_init
     assert str(r.launch.fields["zero3_init"].origin).endswith("accelerate_ds.yaml:6 deepspeed_config.zero3_init_flag")
     assert r.load.path is LoadPath.DEEPSPEED_TO and r.fails_at is FailsAt.LOAD
+    assert r.phase is LoadPath.DEEPSPEED_TO and r.to_dict()["phase"] == f"load: {ROWS[LoadPath.DEEPSPEED_TO].how}"
     acc.write_text("distributed_type: DEEPSPEED\nnum_processes: 4\nmixed_precision: fp16\ndeepspeed_config:\n"
                    "  zero_stage: 3\n  zero3_init_flag: true\n")
     r = check_launch(LaunchInputs(accelerate_config=str(acc), model="llama-13b", gpu="t4"))
@@ -41,6 +50,71 @@ def test_step_failure_names_the_phase(tmp_path: Path) -> None:
     the fix it proposes loads and fits."""
     r = check_launch(LaunchInputs(command="torchrun --nproc_per_node 4 train.py --fsdp 'full_shard auto_wrap' --fp16 "
                                   "--per_device_train_batch_size 1", model="llama-13b", gpu="t4"))
-    assert r.load.fits and r.fails_at is FailsAt.STEP and r.phase in ("forward", "backward", "optimizer")
+    assert r.load.fits and r.fails_at is FailsAt.STEP
+    assert isinstance(r.phase, Phase) and r.phase is r.budget.peak_phase and r.to_dict()["phase"] == r.phase.value
     fix = r.smallest_fix
     assert fix is not None and fix.load.fits and fix.per_gpu_peak_bytes <= r.budget.capacity_bytes
+
+
+def test_fsdp_load_is_the_shard_and_one_decoder_layer() -> None:
+    """The FSDP load holds the shard and one unsharded decoder layer (``spec.layer_params``: the LM head is not a
+    layer's), in integers: llama-13b on 4 x T4 in fp16."""
+    r = check_launch(LaunchInputs(command="torchrun --nproc_per_node 4 train.py --fsdp 'full_shard auto_wrap' --fp16 "
+                                  "--per_device_train_batch_size 1", model="llama-13b", gpu="t4"))
+    spec = load_model("llama-13b")
+    outside = case_outside("llama-13b", r.launch.setup.gpu, 1).total_bytes
+    assert r.load.path is LoadPath.FSDP2_SHARDS
+    assert r.load.per_gpu_bytes == ceil_div(spec.num_parameters, 4) * 2 + spec.layer_params * 2 + outside
+    assert spec.layer_params == 317_204_480 and r.load.per_gpu_bytes == 7_730_594_877
+
+
+@pytest.fixture(scope="module")
+def no_command():
+    """llama-13b on 4 x T4 with no files: everything assumed (DDP, full fine-tuning, fp16-mixed)."""
+    return check_launch(check_inputs(model="llama-13b", gpu="t4", gpus=4))
+
+
+def test_knob_rows_carry_the_typed_change(no_command) -> None:
+    """A knob row holds the changed setup and the route: zero3-offload is ZeRO-3 with offload on a process per GPU,
+    device-map is the device_map route over one process (strategy single) -- what ``check`` reads, not the text."""
+    rows = {r.changes: r for r in knob_table(no_command.launch.setup, no_command.host_ram_bytes)}
+    offload = rows[(("strategy", "zero3-offload"),)]
+    assert offload.setup.strategy is Strategy.ZERO3_OFFLOAD and offload.route is Route.PROCESS_PER_GPU
+    device_map = rows[(("strategy", "device-map"),)]
+    assert device_map.setup.strategy is Strategy.SINGLE and device_map.route is Route.DEVICE_MAP
+    pair = rows[(("method", "qlora"), ("checkpointing", "true"))]
+    assert pair.setup.method is Method.QLORA and pair.setup.checkpointing is True
+
+
+def test_how_reads_the_setup_not_the_shown_text(no_command) -> None:
+    """Where to make a change comes from the changed setup and route: a row whose text says something else (or
+    nothing) is still told as the change it makes."""
+    launch, base = no_command.launch, no_command.launch.setup
+    zero3 = _how(launch, "strategy", "?", base.with_(strategy=Strategy.ZERO3_OFFLOAD), Route.PROCESS_PER_GPU)
+    assert zero3.startswith("DeepSpeed ZeRO-3: zero_optimization.stage 3 with offload_optimizer")
+    assert "zero.Init" in zero3
+    zero2 = _how(launch, "strategy", "?", base.with_(strategy=Strategy.ZERO2), Route.PROCESS_PER_GPU)
+    assert zero2.startswith("DeepSpeed ZeRO-2: zero_optimization.stage 2") and "offload" not in zero2
+    single = base.with_(strategy=Strategy.SINGLE)
+    assert _how(launch, "strategy", "zero3", single, Route.DEVICE_MAP).startswith(
+        "one process, from_pretrained(device_map='auto')")
+    assert _how(launch, "strategy", "?", base.with_(strategy=Strategy.FSDP2), Route.PROCESS_PER_GPU).startswith(
+        "strategy fsdp2 (")
+    assert _how(launch, "optimizer", "?", base.with_(optimizer=Optimizer.ADAMW_8BIT), Route.PROCESS_PER_GPU) == \
+        "optimizer ?: --optim adamw_bnb_8bit"
+    assert _how(launch, "precision", "?", base.with_(precision=Precision.FP32), Route.PROCESS_PER_GPU) == \
+        "precision ?: no --fp16/--bf16"
+    assert _how(launch, "seq", "?", base.with_(seq=512), Route.PROCESS_PER_GPU) == "seq ?: --max_seq_length 512"
+    assert "over a bitsandbytes 4-bit base" in _how(launch, "method", "?", base.with_(method=Method.QLORA),
+                                                    Route.PROCESS_PER_GPU)
+
+
+def test_a_device_map_fix_is_launched_as_one_process(no_command) -> None:
+    """The smallest fix of the assumed 13B full fine-tune on 4 x T4 is device_map with QLoRA: one process (strategy
+    single on the device_map route), and its load is the one device_map's route checks."""
+    fix = smallest_fix(no_command.launch, no_command.host_ram_bytes)
+    assert fix is not None and fix.changes == (("strategy", "device-map"), ("method", "qlora"))
+    assert fix.setup.strategy is Strategy.SINGLE and fix.setup.method is Method.QLORA
+    assert fix.how[0] == "one process, from_pretrained(device_map='auto')"
+    assert fix.launch.startswith("python, from_pretrained(device_map='auto')")
+    assert fix.load.path is LoadPath.DEVICE_MAP and fix.load == check_load(fix.setup, LoadPath.DEVICE_MAP, "float16")

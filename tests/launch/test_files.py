@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from oomlab.launch.files import LaunchFileError, read_file, read_json, read_yaml
+from oomlab.core.errors import LaunchFileError
+from oomlab.launch.files import read_file, read_json, read_yaml
 
 
 def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from oomlab.core.choices import Method, Optimizer, Precision, Strategy
-from oomlab.core.errors import InvalidValueError, UnknownNameError
-from oomlab.launch.claims import LaunchConflictError
+from oomlab.core.errors import InvalidValueError, LaunchConflictError, UnknownNameError
 from oomlab.launch.origin import OriginKind
 from oomlab.launch.read import LaunchInputs
 from oomlab.launch.resolve import read_launch
@@ -176,3 +175,43 @@ def test_torchrun_default_is_one_process() -> None:
     launch = read_launch(LaunchInputs(command="torchrun train.py", model="llama-13b", gpu="t4", gpus=4))
     assert launch.setup.gpus == 1 and launch.setup.strategy is Strategy.SINGLE
     assert launch.fields["gpus"].origin.kind is OriginKind.DEFAULT
+
+
+def test_every_choice_field_holds_its_member(tmp_path: Path) -> None:
+    """Precision is stated as a Precision member wherever it is read (a script flag, accelerate's mixed_precision,
+    a DeepSpeed JSON, a default), as method and optimizer are; output writes the names."""
+    acc = tmp_path / "accelerate.yaml"
+    acc.write_text("distributed_type: MULTI_GPU\nmixed_precision: fp16\nnum_processes: 2\n")
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}))
+    gpu = "a100-80gb"
+    for inputs in (LaunchInputs(command="torchrun --nproc_per_node 2 train.py --bf16", model="llama-2-7b", gpu=gpu),
+                   LaunchInputs(accelerate_config=str(acc), model="llama-2-7b", gpu=gpu),
+                   LaunchInputs(deepspeed=str(ds), model="llama-2-7b", gpu=gpu, gpus=2),
+                   LaunchInputs(command="torchrun --nproc_per_node 2 train.py --per_device_train_batch_size 1",
+                                model="llama-2-7b", gpu=gpu),
+                   LaunchInputs(model="llama-2-7b", gpu=gpu)):
+        launch = read_launch(inputs)
+        for name, kind in (("strategy", Strategy), ("method", Method), ("precision", Precision),
+                           ("optimizer", Optimizer)):
+            assert isinstance(launch.fields[name].value, kind), (inputs, name)
+        assert launch.fields["precision"].value is launch.setup.precision
+        assert launch.to_dict()["fields"]["precision"]["value"] == launch.setup.precision.value
+
+
+def test_accelerate_mixed_precision_is_one_mapping() -> None:
+    """The names accelerate's mixed_precision takes are read back as the precision oomlab writes them for."""
+    from oomlab.launch.keys import ACCELERATE_MIXED
+    from oomlab.remedies.deepspeed_configs import ACCELERATE_MIXED_PRECISION
+
+    assert ACCELERATE_MIXED == {"fp16": Precision.FP16_MIXED, "bf16": Precision.BF16_MIXED, "no": Precision.FP32}
+    assert {p: name for name, p in ACCELERATE_MIXED.items()} == ACCELERATE_MIXED_PRECISION
+
+
+def test_launch_errors_are_core_errors() -> None:
+    """The launch's error classes live with every other error (bad input: exit code 2)."""
+    from oomlab.core import errors
+    from oomlab.core.errors import LaunchFileError
+
+    assert LaunchConflictError.__module__ == LaunchFileError.__module__ == errors.__name__
+    assert issubclass(LaunchConflictError, InvalidValueError) and issubclass(LaunchFileError, InvalidValueError)

@@ -53,3 +53,15 @@ def test_traceback_reading_and_other_launches() -> None:
     assert "the user's launcher moved a full replica" in reading and "is one of them" in reading
     rows = {row[0]: row for row in other_launches(seed)}
     assert rows["ddp (as launched)"][2] == "load" and rows["zero3"][2] != "load"
+
+
+def test_assumed_fields_hold_the_setups_members() -> None:
+    """Without files, each choice field holds the setup's member (not the parameter's text), as a read launch does."""
+    from oomlab.core.choices import Attention, Method, Optimizer, Precision
+
+    launch = user_launch(parse_params(["gpus=1", "precision=fp32"]), DEFAULTS)
+    s, f = launch.setup, launch.fields
+    assert f["strategy"].value is s.strategy is Strategy.SINGLE and f["precision"].value is Precision.FP32
+    for name, kind in (("method", Method), ("optimizer", Optimizer), ("attention", Attention)):
+        assert isinstance(f[name].value, kind) and f[name].value is getattr(s, name)
+    assert str(f["precision"].origin) == "flag -p precision=fp32"

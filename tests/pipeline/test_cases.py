@@ -81,8 +81,8 @@ def _run(name: str, tmp_path) -> tuple[dict, object, str]:
         r[key] = read_results(write_results(tmp_path / f"{key}.json", data))
     parts = [story.title(r), story.answer(r), story.deciding_configuration(r), story.reproduction(r),
              story.honesty(r), story.decoded(r), story.evidence_of_budget(r), story.recommended_fix(r),
-             *story.assumptions(r), r["plan"]["summary_markdown"], r["budget"]["summary_markdown"],
-             r["reproduce"]["summary_markdown"], rd.heading(plan), rd.verdict(plan)]
+             *story.assumptions(r), rd.summarize(plan), br.summarize(variants, setup.world_size),
+             summary.summarize(result, gpus), rd.heading(plan), rd.verdict(plan)]
     parts += [" | ".join(map(str, row)) for row in story.remedy_rows(r) + story.knob_table_rows(r)]
     return r, plan, "\n".join(parts)
 

@@ -9,6 +9,7 @@ import pytest
 from oomlab.core.paths import NOTEBOOKS_DIR
 from oomlab.explorer import Choices
 from oomlab.pipeline.params import OUT_DIR_PARAM, PARAMETERS, RESULTS_PATH_PARAM
+from oomlab.pipeline.runner import notebook_paths
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 
@@ -59,8 +60,35 @@ def test_parameter_literals_are_the_registrys_defaults(path: Path) -> None:
         if name in (RESULTS_PATH_PARAM, OUT_DIR_PARAM):
             assert value == "", name
         elif name in PARAMETERS:
-            assert value == PARAMETERS[name].default, (path.name, name)
+            assert same_literal(value, PARAMETERS[name].default), (path.name, name, value)
         else:
             default = getattr(Choices, name)
             default = ",".join(default) if isinstance(default, tuple) else default  # a tuple is typed "a,b"
-            assert path.name == "explore.ipynb" and value == default, (path.name, name)
+            assert path.name == "explore.ipynb" and same_literal(value, default), (path.name, name, value)
+
+
+def same_literal(value: object, default: object) -> bool:
+    """Equal in value and in type: ``gpus = 4.0`` or ``checkpointing = 0`` equal the default but are not it."""
+    return value == default and type(value) is type(default)
+
+
+@pytest.mark.parametrize(("value", "default", "same"), [
+    (4, 4, True), (4.0, 4, False),  # a float where the registry holds an int
+    (False, False, True), (0, False, False),  # an int where it holds a bool (0 == False in Python)
+    (None, None, True), ("t4", "t4", True), (1, True, False),
+])
+def test_same_literal_compares_the_type_too(value: object, default: object, same: bool) -> None:
+    """The check the notebooks' literals go through refuses a literal of the wrong type."""
+    assert same_literal(value, default) is same
+
+
+def parameters_cell_names(path: Path) -> set[str]:
+    nb = nbformat.read(path, as_version=4)
+    return {node.targets[0].id for node in ast.parse(nb.cells[1].source).body}
+
+
+def test_every_registry_parameter_is_declared_by_a_notebook() -> None:
+    """The runner injects only the names a parameters cell declares, so a registry parameter no notebook declares
+    would be ignored silently."""
+    declared = set().union(*(parameters_cell_names(p) for p in notebook_paths()))  # the ones run, not explore
+    assert sorted(set(PARAMETERS) - declared) == []

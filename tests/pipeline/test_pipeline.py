@@ -132,7 +132,7 @@ def test_params_help_has_one_line_per_parameter() -> None:
         ("device", ["device", "str", "auto", "where to reproduce the failure; one of auto, simulated, cuda"]),
         ("host_ram", ["host_ram", "str", "auto",
                       "host RAM per node, with its unit; auto: assumed, the listed instance with these GPUs "
-                      "(specs/prices.json; 192 GiB, the seed's 4 x T4 g4dn.12xlarge, when none is listed)"]),
+                      "(specs/prices.json; the seed's 4 x t4 machine's when none is listed)"]),  # no typed-in size
     ],
 )
 def test_params_help_line_shows_type_default_and_choices(name: str, columns: list[str]) -> None:

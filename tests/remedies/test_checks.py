@@ -2,7 +2,9 @@
 
 import pytest
 
+from oomlab.core.units import MiB
 from oomlab.remedies import checks as verify
+from oomlab.remedies.verification import Check, CheckUnit, Verification, verify_rows
 
 
 @pytest.fixture(scope="module")
@@ -16,20 +18,20 @@ def test_fsdp_per_rank_states_are_a_quarter_of_ddp(fsdp_checks) -> None:
     for part in ("weights", "gradients", "optimizer"):
         assert by[("FSDP2 fully_shard", part)].measured == by[("FSDP2 fully_shard", part)].analytic
         assert by[("DDP (full replica)", part)].measured == by[("DDP (full replica)", part)].analytic
-    ratio = next(c for c in fsdp_checks if c.unit == "ratio")
+    ratio = next(c for c in fsdp_checks if c.unit is CheckUnit.RATIO)
     assert ratio.measured == pytest.approx(0.25, rel=0.01)
 
 
 def test_fsdp_and_ddp_losses_agree(fsdp_checks) -> None:
     """fp32 FSDP2 and DDP losses agree step for step."""
-    loss = next(c for c in fsdp_checks if c.unit == "loss")
+    loss = next(c for c in fsdp_checks if c.unit is CheckUnit.LOSS)
     assert loss.measured < 1e-5
 
 
 def test_lora_trainable_count_is_analytic() -> None:
     """peft's trainable count equals r·(in+out) per targeted projection."""
     (check,) = verify.check_lora()
-    assert check.measured == check.analytic == 16384
+    assert check.measured == check.analytic == 16384 and check.unit is CheckUnit.PARAMETERS
 
 
 def test_checkpointing_saving_close_to_model() -> None:
@@ -84,3 +86,32 @@ def test_verification_cache_honours_oomlab_cache_dir(tmp_path, monkeypatch) -> N
     monkeypatch.setenv("OOMLAB_CACHE_DIR", str(tmp_path / "elsewhere"))
     verify.verification(("lora",))
     assert [p.name.startswith("verify-") for p in (tmp_path / "elsewhere").iterdir()] == [True]
+
+
+@pytest.mark.parametrize(("unit", "measured", "analytic", "shown"), [
+    (CheckUnit.BYTES, 3 * MiB, 3 * MiB + 1, ("3.00 MiB", "3.00 MiB")),  # as torch prints sizes
+    (CheckUnit.PARAMETERS, 16384, 16384, ("16,384", "16,384")),  # counts with separators
+    (CheckUnit.FLOPS, 1.5e9, 1.5e9, ("1,500,000,000", "1,500,000,000")),
+    (CheckUnit.RATIO, 0.25, 0.25, ("0.25", "0.25")),  # dimensionless: three digits
+    (CheckUnit.LOSS, 1.2345e-7, 0.0, ("1.23e-07", "0")),
+    (CheckUnit.BYTES, None, 3 * MiB, ("-", "3.00 MiB")),  # did not run here
+])
+def test_rows_show_each_unit(unit: CheckUnit, measured: float | None, analytic: float, shown: tuple) -> None:
+    """Each unit has its display; the row keeps the check's order (remedy, quantity, measured, analytic, ratio)."""
+    (row,) = verify_rows(Verification((Check("r", "q", measured, analytic, unit),), "t", False, ()))
+    assert row[2:4] == shown
+
+
+def test_check_round_trips_its_unit() -> None:
+    """The results JSON holds the unit's value; reading it back gives the member, and an unknown unit is refused."""
+    check = Check("peft LoRA", "trainable parameters", 16384, 16384, CheckUnit.PARAMETERS, note="n", seconds=1.5)
+    assert check.to_dict()["unit"] == "parameters" and Check.from_dict(check.to_dict()) == check
+    with pytest.raises(ValueError, match="'GB' is not a valid CheckUnit"):
+        Check.from_dict({**check.to_dict(), "unit": "GB"})
+
+
+def test_public_names_stay_importable_from_checks() -> None:
+    """Notebook 03 and the report read the record types, rows and the gloo world size from oomlab.remedies.checks."""
+    assert (verify.Check, verify.Verification, verify.verify_rows) == (Check, Verification, verify_rows)
+    assert verify.WORLD_SIZE == 4 and verify.VERIFY_HEADERS[0] == "remedy"
+    assert set(verify.FAST) | {"fsdp"} == set(verify.CHECKS)

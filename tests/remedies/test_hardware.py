@@ -6,15 +6,9 @@ import pytest
 
 from oomlab.core.choices import Method
 from oomlab.core.errors import InvalidValueError, UnknownNameError
-from oomlab.core.prices import load_prices
-from oomlab.remedies.hardware import (
-    HardwareSearch,
-    gpu_counts,
-    node_counts,
-    render_search,
-    row_price,
-    search_hardware,
-)
+from oomlab.core.prices import load_prices, row_price
+from oomlab.remedies.hardware import HardwareSearch, gpu_counts, node_counts, search_hardware
+from oomlab.remedies.hardware_display import render_search
 from oomlab.remedies.plan import make_plan
 
 SMALL = "qwen2.5-0.5b"
@@ -72,6 +66,24 @@ def test_node_counts() -> None:
     assert node_counts(1) == (1,) and node_counts(3) == (1, 2, 3)
     with pytest.raises(InvalidValueError, match="invalid nodes 0; must be an integer from 1 to 1024"):
         node_counts(0)
+
+
+@pytest.mark.parametrize("bad", [0, 1025, True])
+def test_search_refuses_node_counts_as_node_counts_does(bad) -> None:
+    """search_hardware's own nodes are checked by the same rule and message as node_counts'."""
+    with pytest.raises(InvalidValueError, match=rf"invalid nodes {bad!r}; must be an integer from 1 to 1024"):
+        search_hardware(SMALL, ["lora"], gpus=["a10g"], max_gpus=1, nodes=(bad,))
+    with pytest.raises(InvalidValueError, match=rf"invalid nodes {bad!r}; must be an integer from 1 to 1024"):
+        node_counts(bad)
+
+
+def test_from_dict_round_trip(small) -> None:
+    """The results JSON rebuilds the search: the same rows (prices and remedies included) and rankings."""
+    rebuilt = HardwareSearch.from_dict(json.loads(json.dumps(small.to_dict())))
+    assert rebuilt == small
+    assert (rebuilt.cheapest, rebuilt.fastest, rebuilt.fewest_gpus, rebuilt.pareto) == (
+        small.cheapest, small.fastest, small.fewest_gpus, small.pareto)
+    assert rebuilt.options[0].price.instance == small.options[0].price.instance
 
 
 def test_nodes_search_whole_nodes() -> None:

@@ -15,10 +15,11 @@ from oomlab.cli import main
 from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
 from oomlab.core.setup import make_setup
 from oomlab.remedies import placement
-from oomlab.remedies.display import summarize
+from oomlab.remedies.display import heading, remedy_rows, summarize
 from oomlab.remedies.fit_map import fit_map
 from oomlab.remedies.knobs import KNOB_VALUES
 from oomlab.remedies.plan import Plan, make_plan
+from oomlab.remedies.remedy import Remedy, remedy_name
 from oomlab.remedies.throughput import (
     Assumptions,
     attention_flops_per_token,
@@ -44,6 +45,23 @@ def test_seed_row_fails_for_notebook_01s_reason(plan) -> None:
         Strategy.DDP, Method.FULL, Precision.FP16_MIXED, Optimizer.ADAMW)
     assert not seed.fits and seed.max_batch is None and seed.tokens_per_s is None
     assert seed.reason.startswith("fails before training: model.to('cuda') of the fp16 replica reserves 24.37 GiB")
+    assert seed.fails_at_load and Remedy.from_dict(seed.to_dict()).fails_at_load
+
+
+def test_seed_row_is_named_as_the_others_and_shown_as_configured(plan) -> None:
+    """The seed's name is its configuration's (no prefix to strip); the ranked table names its row as configured."""
+    seed = plan.seed
+    assert seed.name == remedy_name(seed.route, seed.strategy, seed.method, seed.precision, seed.optimizer,
+                                    seed.checkpointing, plan.lora_rank)
+    first = remedy_rows(seed, plan.remedies, 1)[0]
+    assert first[:2] == ("as configured", "as configured: " + seed.name)
+
+
+def test_heading_reads_the_typed_load_failure(plan) -> None:
+    """The heading's "notebook 01 reproduced why" follows ``fails_at_load``, not the reason's wording."""
+    assert heading(plan).endswith("does not fit (notebook 01 reproduced why).")
+    worded = replace(plan, seed=replace(plan.seed, fails_at_load=False))  # same reason text, no load failure
+    assert "fails before training" in worded.seed.reason and heading(worded).endswith("does not fit.")
 
 
 def test_bf16_dropped_with_make_setups_message(plan) -> None:

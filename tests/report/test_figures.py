@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from oomlab.budget.result import Fit
 from oomlab.core.units import GiB, format_size
 from oomlab.report import story
-from oomlab.report.figures import REMEDY_COLORS, RemedyBar, plot_remedies
+from oomlab.report.figures import FIT_COLORS, RemedyBar, plot_remedies
 
 CAP = 15 * GiB
 
@@ -19,7 +20,7 @@ def remedy(name: str, peak_gib: float, fits: bool) -> dict:
 def plan_results(recommended: str | None, n: int = 14) -> dict:
     remedies = [remedy(f"remedy {i}", 5 + i / 2, True) for i in range(1, n + 1)]
     rec = next((x for x in remedies if x["name"] == recommended), None)
-    return {"plan": {"seed": remedy("as configured: DDP · full", 300, False), "remedies": remedies,
+    return {"plan": {"seed": remedy("DDP · full", 300, False), "remedies": remedies,
                      "recommended": rec}}
 
 
@@ -27,6 +28,15 @@ def test_bars_follow_the_ranked_table() -> None:
     """The user's configuration first, then the top ten in rank order, each labelled with its rank."""
     bars = story.remedy_bars(plan_results("remedy 3"))
     assert [b.label for b in bars] == ["as configured · DDP · full", *(f"{i} · remedy {i}" for i in range(1, 11))]
+    assert [b.chosen for b in bars].index(True) == 3 and sum(b.chosen for b in bars) == 1
+
+
+def test_the_seed_row_is_never_the_marked_fix() -> None:
+    """The seed's name is its configuration's, so it may equal the recommended row's: only the ranked row is marked."""
+    results = plan_results("remedy 3")
+    results["plan"]["seed"]["name"] = "remedy 3"
+    bars = story.remedy_bars(results)
+    assert bars[0].label == "as configured · remedy 3" and not bars[0].chosen
     assert [b.chosen for b in bars].index(True) == 3 and sum(b.chosen for b in bars) == 1
 
 
@@ -59,7 +69,7 @@ def test_figure_draws_each_bar_with_its_value() -> None:
     colors = [tuple(round(c, 3) for c in p.get_facecolor()[:3]) for p in patches]
     from matplotlib.colors import to_rgb
 
-    assert colors == [tuple(round(c, 3) for c in to_rgb(REMEDY_COLORS[k])) for k in ("no", "fits", "host")]
+    assert colors == [tuple(round(c, 3) for c in to_rgb(FIT_COLORS[k].fill)) for k in (Fit.NO, Fit.FITS, Fit.GPU_ONLY)]
     assert patches[1].get_linewidth() == 2 and patches[0].get_linewidth() == 0
     assert any(t.startswith(format_size(9 * GiB)) and "recommended" in t for t in (s.strip() for s in texts))
     assert any(format_size(300 * GiB) in t for t in texts)  # the cut bar keeps its value

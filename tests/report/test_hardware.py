@@ -1,10 +1,12 @@
 """The report's "Which GPUs would it fit?" section: one table from the search's JSON, the winners, the pareto figure."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from oomlab.remedies.hardware import search_hardware
+from oomlab.remedies.hardware import HardwareSearch, search_hardware
+from oomlab.remedies.hardware_display import hardware_rows, option_row, winners
 from oomlab.report import hardware as rh
 
 GPUS = ["t4", "a10g", "h100-80gb"]
@@ -38,10 +40,36 @@ def test_full_table_and_marks(data) -> None:
         assert "pareto" in by_label[label][-1]
 
 
-def test_a_row_where_nothing_fits_shows_the_reason() -> None:
+def test_a_row_where_nothing_fits_shows_the_reason(data) -> None:
     """A row without a remedy carries its reason and dashes."""
-    option = {"label": "1 × t4", "fits": False, "reason": "none of 3 configurations fits; the closest, ..."}
-    assert rh.option_row({}, option) == ("1 × t4", option["reason"], "-", "-", "-", "-", "-", "")
+    search = HardwareSearch.from_dict(data)
+    option = replace(search.options[0], remedy=None, reason="none of 3 configurations fits; the closest, ...")
+    assert option_row(search, option) == ("1 × t4", option.reason, "-", "-", "-", "-", "-", "")
+
+
+def test_the_report_rebuilds_the_search(data) -> None:
+    """The results JSON gives back the search the CLI shows: the same rows, rankings and pareto front."""
+    search = search_hardware("qwen2.5-0.5b", ["lora"], gpus=GPUS, max_gpus=4)
+    rebuilt = HardwareSearch.from_dict(data)
+    assert rebuilt == search  # the remedies without their setup and step time, which compare=False
+    stored = json.loads(json.dumps(data))  # a copy: the fixture is shared
+    again = json.loads(json.dumps(rebuilt.to_dict()))
+    for o in (*again["options"], *stored["options"]):
+        if o["remedy"] is not None:
+            del o["remedy"]["step_time"]  # not read back: the display needs none of it
+    assert again == stored
+    assert rh.hardware_rows(data, compact=False) == hardware_rows(search, compact=False)
+    assert rh.winners(data) == winners(replace(search, seconds=data["seconds"]))  # the fixture's own search time
+
+
+def test_an_unpriced_row_says_so_in_every_view(data) -> None:
+    """A fitting row the price table does not list: "no list price" in the table, no cost in the winners."""
+    search = HardwareSearch.from_dict(data)
+    fastest = search.fastest
+    unpriced = replace(search, options=tuple(replace(o, price=None) if o == fastest else o for o in search.options))
+    row = next(r for r in hardware_rows(unpriced, compact=False) if r[0] == fastest.label)
+    assert row[6] == "no list price"
+    assert "USD" not in winners(unpriced).split("**fastest**")[1].split(";")[0]
 
 
 def test_winners_sentence(data) -> None:

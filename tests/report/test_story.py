@@ -14,6 +14,7 @@ from oomlab.core.gpus import load_gpu
 from oomlab.core.paths import MODEL_SPECS_DIR
 from oomlab.explanation.explain import explain
 from oomlab.remedies.checks import verification
+from oomlab.remedies.display import micro_batches
 from oomlab.remedies.launch_dir import launch_command, write_configs
 from oomlab.remedies.plan import make_plan
 from oomlab.report import story
@@ -160,7 +161,7 @@ def test_title_names_a_custom_model(out_dir) -> None:
                                                  (8, "micro-batch up to 8")])
 def test_micro_batches_wording(max_batch: int, text: str) -> None:
     """Never "micro-batch up to 1"."""
-    assert story.micro_batches(max_batch) == text
+    assert micro_batches(max_batch) == text
 
 
 def test_each_assumption_is_stated_once(out_dir) -> None:
@@ -170,7 +171,7 @@ def test_each_assumption_is_stated_once(out_dir) -> None:
     assert len(items) == len(set(items))
     outside = [item for item in items if "outside PyTorch" in item and "CUDA context" in item]
     assert len(outside) == 1, outside
-    assert not any(item.startswith(story.OUTSIDE_NOTE) for item in items)
+    assert not any(item.startswith("outside PyTorch: ") for item in items)  # the budget's note is not repeated
     assert outside[0].count("while the model is moved") == 1 and "in training" in outside[0]
 
 

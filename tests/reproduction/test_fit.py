@@ -9,7 +9,7 @@ from oomlab.core.models import load_model
 from oomlab.core.seed import seed_figures
 from oomlab.core.units import GiB, MiB, format_size
 from oomlab.reproduction.allocator import CachingAllocator, get_allocation_size, round_size
-from oomlab.reproduction.fit import Figure, failure_at, failure_points, matching_outside, printed_interval
+from oomlab.reproduction.fit import Figure, failure_at, failure_points, matching_outside
 from oomlab.reproduction.outside import seed_outside_bytes
 from oomlab.reproduction.walk import unlimited_walk, walk_apply
 
@@ -106,30 +106,6 @@ def test_reserved_alone_picks_the_point(points) -> None:
     assert matching_outside(points, figs, (Figure.RESERVED,)) == three
     assert matching_outside(points, figs, (Figure.ALLOCATED,)) == three
     assert len(matching_outside(points, figs, (Figure.TRIED,))) == 24  # 136 MiB asks are everywhere
-
-
-@pytest.mark.parametrize("text, low, high", [
-    ("40.81 MiB", 42_787_144, 42_797_629),  # the seed's free figure
-    ("14.16 GiB", 15_198_815_519, 15_209_552_936),
-    ("1024 bytes", 1024, 1024),  # the largest size printed in bytes
-    ("1.00 KiB", 1025, 1029),  # the smallest printed in KiB
-])
-def test_printed_interval(text: str, low: int, high: int) -> None:
-    """Every byte count torch's format_size prints as the text, and no other."""
-    assert printed_interval(text) == (low, high)
-    assert format_size(low) == format_size(high) == text
-    assert format_size(low - 1) != text and format_size(high + 1) != text
-
-
-@pytest.mark.parametrize("text, message", [
-    ("40.81MiB", "invalid printed size '40.81MiB'; expected e.g. '40.81 MiB' (units: bytes, KiB, MiB, GiB)"),
-    ("0.50 KiB", "invalid printed size '0.50 KiB': torch's format_size never prints it"),
-])
-def test_printed_interval_refuses(text: str, message: str) -> None:
-    """Text torch never prints is refused, naming it."""
-    with pytest.raises(InvalidValueError) as err:
-        printed_interval(text)
-    assert str(err.value) == message
 
 
 def test_free_figure_needs_the_outside_memory(points) -> None:

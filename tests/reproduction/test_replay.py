@@ -10,7 +10,7 @@ from oomlab.reproduction.outside import seed_outside_bytes
 from oomlab.reproduction.replay import reproduce
 from oomlab.reproduction.result import compare_with_seed
 from oomlab.reproduction.summary import smallest_fitting_gpu, summarize
-from oomlab.reproduction.walk import unlimited_walk
+from oomlab.reproduction.walk import TensorKind, unlimited_walk
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,15 @@ def test_failing_tensor_is_layer_23_gate_proj(seed_result) -> None:
     assert 0.58 < seed_result.moved_fraction < 0.59
     assert format_size(seed_result.model_bytes) == "24.24 GiB"
     assert seed_result.fits is False
+
+
+def test_moved_tensors_are_told_by_kind(seed_result) -> None:
+    """Each copy is a parameter or a buffer, as a TensorKind; the JSON carries the kind's name."""
+    steps = unlimited_walk("llama-13b", "float16")
+    assert {s.kind for s in steps} <= {TensorKind.PARAMETER, TensorKind.BUFFER}
+    assert steps[0].kind is TensorKind.PARAMETER and seed_result.failing_tensor.kind is TensorKind.PARAMETER
+    data = seed_result.to_dict(include_steps=True)
+    assert data["failing_tensor"]["kind"] == "parameter" and data["steps"][0]["kind"] == "parameter"
 
 
 def test_traceback_passes_through_module_apply_and_convert(seed_result) -> None:

@@ -16,14 +16,15 @@ from __future__ import annotations
 import enum
 import json
 import sys
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from oomlab.budget import deepspeed_measured
 from oomlab.budget.analytic import estimate_setup
-from oomlab.budget.result import ALLOCATED, MemCategory
+from oomlab.budget.regenerate import doc_main
+from oomlab.budget.result import ALLOCATED, MemCategory, Phase
 from oomlab.budget.step import library_versions
 from oomlab.budget.traced import traced_budget
 from oomlab.core.files import write_text_atomic
@@ -132,8 +133,8 @@ class MeasuredRow:
     setup: str
     measured_peak_bytes: int
     analytic_peak_bytes: int
-    measured_phase: str
-    analytic_phase: str
+    measured_phase: Phase
+    analytic_phase: Phase
 
     @property
     def ratio(self) -> float:
@@ -142,6 +143,16 @@ class MeasuredRow:
     @property
     def agrees(self) -> bool:
         return abs(self.ratio - 1) <= TOLERANCE
+
+    def to_json(self) -> dict[str, Any]:
+        return {"setup": self.setup, "measured_peak_bytes": self.measured_peak_bytes,
+                "analytic_peak_bytes": self.analytic_peak_bytes, "measured_phase": self.measured_phase.value,
+                "analytic_phase": self.analytic_phase.value, "ratio": self.ratio}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> MeasuredRow:
+        return cls(row["setup"], row["measured_peak_bytes"], row["analytic_peak_bytes"], Phase(row["measured_phase"]),
+                   Phase(row["analytic_phase"]))
 
 
 def measured_rows(data: Mapping[str, Any] | None = None) -> list[MeasuredRow]:
@@ -152,13 +163,12 @@ def measured_rows(data: Mapping[str, Any] | None = None) -> list[MeasuredRow]:
     for case, ranks in zip(data["cases"], data["measured"], strict=True):
         if any(r["status"] != "ok" for r in ranks):
             continue
-        phases = deepspeed_measured.analytic_phases(case)
-        measured = {p: max(r["peaks"][p] for r in ranks) for p in deepspeed_measured.PHASES}
-        analytic = {p: phases[p] for p in deepspeed_measured.PHASES}
-        m_phase, a_phase = max(measured, key=measured.get), max(analytic, key=analytic.get)
+        analytic = deepspeed_measured.analytic_step(case)
+        measured = {p: max(deepspeed_measured.measured_peaks(r)[p] for r in ranks) for p in deepspeed_measured.PHASES}
+        m_phase, a_phase = max(measured, key=measured.__getitem__), analytic.peak_phase
         gpus = case["knobs"]["gpus"]
         out.append(MeasuredRow(f"tiny LLaMA, {case['label']} ({gpus} gloo process{'es' if gpus > 1 else ''})",
-                               measured[m_phase], analytic[a_phase], m_phase, a_phase))
+                               measured[m_phase], analytic.phases[a_phase], m_phase, a_phase))
     return out
 
 
@@ -168,8 +178,12 @@ def matrix_setup(row: tuple) -> TrainingSetup:
                       optimizer=optimizer, seq=seq, batch=batch, checkpointing=checkpointing, attention=attention)
 
 
-def _allocated(components: Mapping[MemCategory, int]) -> dict[str, int]:
-    return {c.value: int(components.get(c, 0)) for c in ALLOCATED if components.get(c, 0)}
+def _allocated(components: Mapping[MemCategory, int]) -> dict[MemCategory, int]:
+    return {c: int(components.get(c, 0)) for c in ALLOCATED if components.get(c, 0)}
+
+
+def _components_json(components: Mapping[MemCategory, int]) -> dict[str, int]:
+    return {c.value: v for c, v in components.items()}
 
 
 @dataclass(frozen=True)
@@ -179,31 +193,46 @@ class AgreementRow:
     setup: str  # short description
     analytic_peak_bytes: int
     traced_peak_bytes: int
-    analytic_phase: str
-    traced_phase: str
-    analytic_components: Mapping[str, int]  # MemCategory value -> bytes: the analytic figures of the traced peak's
-    # phase (allocated only)
-    traced_components: Mapping[str, int]  # the same categories at the traced peak
+    analytic_phase: Phase
+    traced_phase: Phase
+    analytic_components: Mapping[MemCategory, int]  # the analytic figures of the traced peak's phase (allocated only)
+    traced_components: Mapping[MemCategory, int]  # the same categories at the traced peak
 
     @property
     def ratio(self) -> float:
         return self.analytic_peak_bytes / self.traced_peak_bytes
 
     @property
-    def component_deltas(self) -> dict[str, float]:
+    def component_deltas(self) -> dict[MemCategory, float]:
         """Per category: (analytic - traced) / traced peak."""
-        names = [c.value for c in ALLOCATED if c.value in self.analytic_components or c.value in self.traced_components]
-        return {n: (self.analytic_components.get(n, 0) - self.traced_components.get(n, 0)) / self.traced_peak_bytes
-                for n in names}
+        cats = [c for c in ALLOCATED if c in self.analytic_components or c in self.traced_components]
+        return {c: (self.analytic_components.get(c, 0) - self.traced_components.get(c, 0)) / self.traced_peak_bytes
+                for c in cats}
 
     @property
-    def worst_component(self) -> tuple[str, float]:
+    def worst_component(self) -> tuple[MemCategory, float]:
         """The category whose analytic and traced bytes differ most, as a fraction of the traced peak."""
         return max(self.component_deltas.items(), key=lambda kv: abs(kv[1]))
 
     @property
     def agrees(self) -> bool:
         return abs(self.ratio - 1) <= TOLERANCE and abs(self.worst_component[1]) <= TOLERANCE
+
+    def to_json(self) -> dict[str, Any]:
+        """The committed row (``agreement.json``; the matrix key is added beside it)."""
+        name, delta = self.worst_component
+        return {"setup": self.setup, "analytic_peak_bytes": self.analytic_peak_bytes,
+                "traced_peak_bytes": self.traced_peak_bytes, "analytic_phase": self.analytic_phase.value,
+                "traced_phase": self.traced_phase.value,
+                "analytic_components": _components_json(self.analytic_components),
+                "traced_components": _components_json(self.traced_components), "ratio": self.ratio,
+                "worst_component": [name.value, delta]}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> AgreementRow:
+        return cls(row["setup"], row["analytic_peak_bytes"], row["traced_peak_bytes"], Phase(row["analytic_phase"]),
+                   Phase(row["traced_phase"]), {MemCategory(k): v for k, v in row["analytic_components"].items()},
+                   {MemCategory(k): v for k, v in row["traced_components"].items()})
 
 
 @dataclass(frozen=True)
@@ -212,8 +241,17 @@ class AnalyticOnlyRow:
 
     setup: str
     analytic_peak_bytes: int
-    analytic_phase: str
+    analytic_phase: Phase
     reason: NotTraced
+
+    def to_json(self) -> dict[str, Any]:
+        """The committed row (the matrix key is added beside it)."""
+        return {"setup": self.setup, "analytic_peak_bytes": self.analytic_peak_bytes,
+                "analytic_phase": self.analytic_phase.value, "reason": self.reason.name}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> AnalyticOnlyRow:
+        return cls(row["setup"], row["analytic_peak_bytes"], Phase(row["analytic_phase"]), NotTraced[row["reason"]])
 
 
 def describe(setup: TrainingSetup) -> str:
@@ -232,13 +270,13 @@ def compare(setup: TrainingSetup) -> AgreementRow:
     analytic = estimate_setup(setup)
     traced = traced_budget(setup)
     return AgreementRow(describe(setup), analytic.allocated_peak_bytes, traced.allocated_peak_bytes,
-                        analytic.peak_phase.value, traced.peak_phase.value,
+                        analytic.peak_phase, traced.peak_phase,
                         _allocated(analytic.phases[traced.peak_phase]), _allocated(traced.components))
 
 
 def analytic_only(row: tuple, reason: NotTraced) -> AnalyticOnlyRow:
     analytic = estimate_setup(matrix_setup(row))
-    return AnalyticOnlyRow(describe(analytic.setup), analytic.allocated_peak_bytes, analytic.peak_phase.value, reason)
+    return AnalyticOnlyRow(describe(analytic.setup), analytic.allocated_peak_bytes, analytic.peak_phase, reason)
 
 
 def run_matrix(rows: Iterable[tuple] = MATRIX) -> list[AgreementRow]:
@@ -249,14 +287,15 @@ def load_committed() -> dict[str, Any]:
     return json.loads(AGREEMENT_JSON.read_text())
 
 
-def _components_cell(components: Mapping[str, int]) -> str:
-    return "<br>".join(f"{name} {format_size(value)}" for name, value in components.items())
+def _components_cell(components: Mapping[MemCategory, int]) -> str:
+    return "<br>".join(f"{c.value} {format_size(value)}" for c, value in components.items())
 
 
 def render_markdown(rows: list[AgreementRow], untraced: list[AnalyticOnlyRow], versions: dict[str, str],
                     measured: list[MeasuredRow] | None = None) -> str:
     worst = max(rows, key=lambda r: abs(r.ratio - 1))
     worst_part = max(rows, key=lambda r: abs(r.worst_component[1]))
+    worst_name, worst_delta = worst_part.worst_component
     strategies = sorted({r.setup.split(", ")[1].split("x")[0] for r in rows})
     lines = [
         "# Analytic budget against PyTorch's own memory tracking",
@@ -280,7 +319,7 @@ def render_markdown(rows: list[AgreementRow], untraced: list[AnalyticOnlyRow], v
         + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ").",
         "",
         f"{len(rows)} traced setups ({', '.join(strategies)}); worst peak ratio {worst.ratio:.4f} ({worst.setup}); "
-        f"worst component {worst_part.worst_component[0]} {worst_part.worst_component[1]:+.2%} of the peak "
+        f"worst component {worst_name.value} {worst_delta:+.2%} of the peak "
         f"({worst_part.setup}).",
         "",
         "| setup | analytic | traced | ratio | phase (analytic / traced) | worst component | components (analytic) "
@@ -290,7 +329,7 @@ def render_markdown(rows: list[AgreementRow], untraced: list[AnalyticOnlyRow], v
     for r in rows:
         name, delta = r.worst_component
         lines.append(f"| {r.setup} | {format_size(r.analytic_peak_bytes)} | {format_size(r.traced_peak_bytes)} | "
-                     f"{r.ratio:.4f} | {r.analytic_phase} / {r.traced_phase} | {name} {delta:+.2%} | "
+                     f"{r.ratio:.4f} | {r.analytic_phase.value} / {r.traced_phase.value} | {name.value} {delta:+.2%} | "
                      f"{_components_cell(r.analytic_components)} | {_components_cell(r.traced_components)} |")
     measured = measured or []
     lines += ["", f"## {len(measured)} setups measured at small scale (DeepSpeed ZeRO on CPU gloo)", "",
@@ -301,11 +340,12 @@ def render_markdown(rows: list[AgreementRow], untraced: list[AnalyticOnlyRow], v
               "| setup | analytic | measured | ratio | phase (analytic / measured) |", "|---|---:|---:|---:|---|"]
     for m in measured:
         lines.append(f"| {m.setup} | {format_size(m.analytic_peak_bytes)} | {format_size(m.measured_peak_bytes)} | "
-                     f"{m.ratio:.4f} | {m.analytic_phase} / {m.measured_phase} |")
+                     f"{m.ratio:.4f} | {m.analytic_phase.value} / {m.measured_phase.value} |")
     lines += ["", f"## {len(untraced)} setups budgeted analytically only", "",
               "| setup | analytic | phase | why not traced |", "|---|---:|---|---|"]
     for u in untraced:
-        lines.append(f"| {u.setup} | {format_size(u.analytic_peak_bytes)} | {u.analytic_phase} | {u.reason.value} |")
+        lines.append(f"| {u.setup} | {format_size(u.analytic_peak_bytes)} | {u.analytic_phase.value} | "
+                     f"{u.reason.value} |")
     return "\n".join(lines) + "\n"
 
 
@@ -314,20 +354,35 @@ def worst_row(committed: dict[str, Any]) -> dict[str, Any]:
     return max(committed["rows"], key=lambda r: abs(r["ratio"] - 1))
 
 
-def main(argv: list[str] | None = None) -> int:
+def committed_data(rows: list[AgreementRow], untraced: list[AnalyticOnlyRow], measured: list[MeasuredRow],
+                   versions: Mapping[str, str]) -> dict[str, Any]:
+    """What ``agreement.json`` holds, rows in :data:`MATRIX` / :data:`ANALYTIC_ONLY` order (a test rebuilds the
+    committed file from its own rows)."""
+    return {
+        "tolerance": TOLERANCE, "versions": dict(versions), "gpu": GPU,
+        "rows": [{**r.to_json(), "key": list(m)} for r, m in zip(rows, MATRIX, strict=True)],
+        "measured": [m.to_json() for m in measured],
+        "analytic_only": [{**u.to_json(), "key": list(m)} for u, (m, _) in zip(untraced, ANALYTIC_ONLY, strict=True)],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m oomlab.budget.agreement [--help]``."""
+    return doc_main("oomlab.budget.agreement",
+                    f"Trace the {len(MATRIX)} setups of the agreement matrix again (PyTorch's MemTracker on fake "
+                    "tensors at full size, cached under outputs/cache by the library versions), budget them and the "
+                    f"{len(ANALYTIC_ONLY)} analytic-only setups analytically, set the committed DeepSpeed small-scale "
+                    "measurements beside today's budget, and print the document. A few minutes with the trace cache "
+                    "warm; tens of minutes cold.", (AGREEMENT_JSON, AGREEMENT_DOC), lambda _: regenerate(), argv)
+
+
+def regenerate() -> int:
+    """Rewrite ``agreement.json`` and ``budget-agreement.md``; 0 when every row agrees."""
     rows = run_matrix()
     untraced = [analytic_only(row, reason) for row, reason in ANALYTIC_ONLY]
     measured = measured_rows()
     versions = library_versions()
-    data = {
-        "tolerance": TOLERANCE, "versions": versions, "gpu": GPU,
-        "rows": [{**asdict(r), "ratio": r.ratio, "worst_component": list(r.worst_component), "key": list(m)}
-                 for r, m in zip(rows, MATRIX, strict=True)],
-        "measured": [{**asdict(m), "ratio": m.ratio} for m in measured],
-        "analytic_only": [{**asdict(u), "reason": u.reason.name, "key": list(m)}
-                          for u, (m, _) in zip(untraced, ANALYTIC_ONLY, strict=True)],
-    }
-    write_text_atomic(AGREEMENT_JSON, json.dumps(data, indent=2) + "\n")
+    write_text_atomic(AGREEMENT_JSON, json.dumps(committed_data(rows, untraced, measured, versions), indent=2) + "\n")
     Path(AGREEMENT_DOC).parent.mkdir(parents=True, exist_ok=True)
     markdown = render_markdown(rows, untraced, versions, measured)
     write_text_atomic(AGREEMENT_DOC, markdown)

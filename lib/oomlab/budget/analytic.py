@@ -13,22 +13,18 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from oomlab.budget.deepspeed import deepspeed_notes, host_offload_bytes
+from oomlab.budget.deepspeed import deepspeed_notes
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.inventory import assemble_phases, take_inventory
-from oomlab.budget.result import BudgetResult, MemCategory, Source
-from oomlab.budget.states import (
-    grad_bytes_per_param,
-    optimizer_state_bytes_total,
-    trainable_parameters,
-    weight_bytes_total,
-)
+from oomlab.budget.result import BudgetResult, MemCategory, Source, outside_note
+from oomlab.budget.step_parts import Inventory
 from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Precision
 from oomlab.core.setup import TrainingSetup
-from oomlab.core.units import MiB, format_size
+from oomlab.core.units import MiB
 from oomlab.reproduction.outside import case_outside
 
 ALLOCATOR_FRAGMENTATION = 0.05  # NB: reserved-but-unallocated share of transient memory (assumption)
+ALLOCATOR_NOTE = f"allocator overhead: {ALLOCATOR_FRAGMENTATION:.0%} of transient bytes + 2 MiB (assumption)"
 
 
 def loads_once_per_node(setup: TrainingSetup) -> bool:
@@ -45,26 +41,22 @@ def loads_once_per_node(setup: TrainingSetup) -> bool:
     return setup.strategy.fsdp and setup.method is not Method.QLORA
 
 
-def host_ram_bytes(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = None) -> int:
+def host_ram_bytes(setup: TrainingSetup, inventory: Inventory) -> int:
     """Host memory per node: offloaded states, plus the copies of the weights made while loading.
 
     NB: loading assumes each process materialises its replica once on the host (transformers' from_pretrained);
     FSDP with ``fsdp_cpu_ram_efficient_loading`` (oomlab's FSDP launch files set it) loads once per node
     (:func:`loads_once_per_node`).  DeepSpeed ZeRO-3 loads under ``zero.Init``: each module is partitioned onto the
     GPU as it is built and the checkpoint is read tensor by tensor (memory-mapped safetensors; NB: page cache not
-    counted), so no process holds a replica.  DeepSpeed's offloaded states are
-    :func:`oomlab.budget.deepspeed.host_offload_bytes` per rank.
+    counted), so no process holds a replica.  The offloaded states are the inventory's (DeepSpeed's:
+    :func:`oomlab.budget.deepspeed.host_offload_bytes` per rank).
     """
+    states = inventory.states
     if setup.strategy.deepspeed:
-        load = 0 if setup.strategy.zero_stage == 3 else weight_bytes_total(setup)
-        return setup.gpus * (load + host_offload_bytes(setup, deepspeed))
-    loading_processes = 1 if loads_once_per_node(setup) else setup.gpus
-    offloaded = 0
-    if setup.strategy.offloads:
-        p = trainable_parameters(setup)
-        offloaded = (weight_bytes_total(setup) + grad_bytes_per_param(setup) * p
-                     + optimizer_state_bytes_total(setup)) // setup.nodes
-    return loading_processes * weight_bytes_total(setup) + offloaded
+        loading_processes = 0 if setup.strategy.zero_stage == 3 else setup.gpus
+    else:
+        loading_processes = 1 if loads_once_per_node(setup) else setup.gpus
+    return loading_processes * states.replica + states.host_per_node
 
 
 _OUTSIDE: dict[tuple, Any] = {}
@@ -131,10 +123,9 @@ def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None,
     transient = sum(at_peak.values()) - inventory.states.persistent
     if outside_bytes is None:
         shipped = _outside(setup)
-        outside = shipped.total_bytes
-        outside_note = f"outside PyTorch: {format_size(outside)} -- {shipped.source}"
+        outside, outside_source = shipped.total_bytes, shipped.source
     else:
-        outside, outside_note = outside_bytes, f"outside PyTorch: {format_size(outside_bytes)} (given)"
+        outside, outside_source = outside_bytes, None
     components = dict(at_peak)
     components[MemCategory.ALLOCATOR_OVERHEAD] = round(ALLOCATOR_FRAGMENTATION * transient) + 2 * MiB
     components[MemCategory.OUTSIDE_PYTORCH] = outside
@@ -144,17 +135,17 @@ def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None,
     notes = (
         _LAUNCH_NOTES[key],
         "steady-state step: optimizer state exists from the previous step; gradients set to None after it",
-        outside_note,
-        f"allocator overhead: {ALLOCATOR_FRAGMENTATION:.0%} of transient bytes + 2 MiB (assumption)",
+        outside_note(outside, outside_source),
+        ALLOCATOR_NOTE,
     )
     if setup.strategy.deepspeed:
-        notes += deepspeed_notes(setup, deepspeed)
+        notes += deepspeed_notes(setup, inventory)
     if len(setup.model.attention_implementations()) == 1:  # make_setup took the one transformers allows
         notes += (f"attention: {setup.attention.value}, the only implementation transformers runs for "
                   f"{setup.model.family.value} models (whatever was asked)",)
     return BudgetResult(
         setup=setup, source=Source.ANALYTIC, peak_phase=peak_phase,
         phases=MappingProxyType({p: MappingProxyType(c) for p, c in phases.items()}),
-        components=MappingProxyType(components), host_ram_bytes=host_ram_bytes(setup, deepspeed),
-        capacity_bytes=setup.gpu.total_memory_bytes, notes=notes,
+        components=MappingProxyType(components), host_ram_bytes=host_ram_bytes(setup, inventory),
+        capacity_bytes=setup.gpu.total_memory_bytes, notes=notes, outside_source=outside_source,
     )

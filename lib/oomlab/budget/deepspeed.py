@@ -24,12 +24,12 @@ The phases are the steady state (a complete ZeRO-3 trace, the optimizer state al
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from oomlab.budget import deepspeed_layout as layout
 from oomlab.budget.deepspeed_config import DeepSpeedSettings, settings_for
 from oomlab.budget.result import MemCategory, Phase
+from oomlab.budget.sharding import SHARES, Share
 from oomlab.budget.states import NF4_DQ_BITS, lora_parameters, nf4_state_fixed_bytes, quantized_parameters
+from oomlab.budget.step_parts import Inventory, ZeroStates
 from oomlab.core.choices import Method, Optimizer, Precision
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.setup import TrainingSetup
@@ -70,59 +70,60 @@ def state_bytes(setup: TrainingSetup, partition: int) -> int:
     return round(2 * partition * (1 + 4 / ADAM8_BLOCK))  # AdamW8bit: two uint8 states + block absmax
 
 
-@dataclass(frozen=True)
-class ZeroStates:
-    """One GPU's DeepSpeed model states and buffers (bytes), the largest rank's."""
+def zero_shares(setup: TrainingSetup, ds: DeepSpeedSettings) -> dict[MemCategory, Share]:
+    """Which model states this GPU holds whole, as its partition or not at all: the strategy's row of
+    :data:`oomlab.budget.sharding.SHARES`, and the one knob that moves a category -- ``zero3-offload`` with
+    ``offload_param`` off (:class:`~oomlab.budget.deepspeed_config.DeepSpeedSettings`) keeps its half partitions on
+    the GPU.  BF16_Optimizer (bf16 + ZeRO-1 + fp32 gradient accumulation) is another optimizer, not a cell: its
+    whole fp32 gradient buffer is :func:`zero_states`'.
+    """
+    shares = dict(SHARES[setup.strategy])
+    if shares[W] is Share.HOST and not ds.offload_param:
+        shares[W] = Share.SHARDED
+    return shares
 
-    weights: int  # half parameters held (ZeRO-1/2: the flat replica; ZeRO-3: partitions + persistent gathered)
-    master: int  # fp32 master partition (0 when offloaded)
-    optimizer: int  # optimizer state of the partition (0 when offloaded)
-    gradients: int  # gradient bytes held at the end of backward (the partition buffer; ZeRO-1: see below)
-    held_gradients: int  # gradient bytes held all step (ZeRO-3's permanent partition buffer, BF16_Optimizer's)
-    full_gradients: int  # ZeRO-1 / BF16_Optimizer: every half gradient alive at the end of autograd's backward
-    bucket: int  # the IPG bucket(s)
-    bucket_permanent: bool  # ZeRO-3 allocates it once (stage3.py:779-784); ZeRO-1/2 per backward (:3256-3280)
-    flush: int  # the reduction's flatten / cat copy of one bucket
-    step_temps: int  # inside step(): the flat half gradient copy and the fp32 gradient
-    offload_temps: int  # zero2-offload: temp_grad_buffer_for_gpu_offload (stage_1_and_2.py:659-661)
-    gathered_forward: int  # ZeRO-3: parameters gathered at the end of forward (reuse window + prefetch)
-    gathered_layer: int  # ZeRO-3: one module's gathered parameters in flight (+ prefetch)
-    persistent_gathered: int  # ZeRO-3: small parameters kept gathered (released for the step)
-    first_grad: int  # workspace when backward's first gradient (the LM head's) arrives: itself, or the bucket
-    last_grad: int  # ZeRO-3: the embedding's gradient in flight at the end of backward
+
+def _held(how: Share, whole: int, sharded: int) -> int:
+    """One category's bytes on this GPU: ``whole`` (a replica), ``sharded`` (this rank's partition, DeepSpeed's
+    alignment and padding included) or nothing (on the host)."""
+    return whole if how is Share.WHOLE else sharded if how is Share.SHARDED else 0
 
 
 def _zero12(setup: TrainingSetup, ds: DeepSpeedSettings) -> ZeroStates:
     lp, part = model_dtype_bytes(setup), layout.flat_partition(setup)
-    ps, offload = part.partition, setup.strategy.offloads_optimizer
+    ps, shares = part.partition, zero_shares(setup, ds)
+    offload = shares[S] is Share.HOST  # offload_optimizer: the fp32 master, gradients and the step on the host
     last = layout.trainable_numels(setup)[-1]  # backward's first gradient
+    trained = sum(layout.trainable_numels(setup))
     bf16_optimizer = ds.grad_accum_fp32 and setup.strategy.zero_stage == 1
     if bf16_optimizer and (not setup.precision.uses_bf16 or offload):
         raise InvalidValueError("grad_accum_dtype fp32 with ZeRO-1 is budgeted for bf16 (BF16_Optimizer) only")
-    weights = lp * part.aligned + frozen_bytes(setup) + buffer_bytes(setup)  # bit16_groups_flat (:505-534)
+    # bit16_groups_flat (:505-534)
+    weights = _held(shares[W], lp * part.aligned, lp * ps) + frozen_bytes(setup) + buffer_bytes(setup)
     bucket = lp * ds.reduce_bucket_size * (2 if ds.overlap_comm else 1)  # setup_buckets (:3256-3280)
     full = 0
     if bf16_optimizer:
         # the fp32 accumulation buffer of the whole model, not partitioned (bf16_optimizer.py:191), and the bf16
         # gradients beside it until step() clears them (clear_lp_grads, :405-406; measured)
         held = FP32 * part.aligned
-        grads = held + lp * sum(layout.trainable_numels(setup))
-    elif offload:  # in-partition slices go to the host's fp32 partition (:1819-1900): none stays on the GPU
-        held, grads = 0, 0
+        grads = held + lp * trained
     else:
+        # grads_in_partition, whole params of the partition (:2186-2197); fp32 accumulation: compact fp32 (:1259);
+        # offloaded (HOST), the in-partition slices go to the host's fp32 partition (:1819-1900): none on the GPU
         held = 0
-        # grads_in_partition, whole params of the partition (:2186-2197); fp32 accumulation: compact fp32 (:1259)
-        grads = FP32 * ps if ds.grad_accum_fp32 else lp * part.in_partition
+        grads = _held(shares[G], lp * trained, FP32 * ps if ds.grad_accum_fp32 else lp * part.in_partition)
         if setup.strategy.zero_stage == 1 and not ds.overlap_comm:
-            # ZeRO-1 reduces only in the epilogue (:2290-2295, reduce_gradients :958-981): autograd's backward
-            # leaves every half gradient alive first
-            full = lp * sum(layout.trainable_numels(setup))
+            # the phase rule SHARES' cell leaves out: ZeRO-1 reduces only in the epilogue (:2290-2295,
+            # reduce_gradients :958-981), so autograd's backward leaves every half gradient alive first
+            full = lp * trained
     return ZeroStates(
-        weights=weights, master=0 if offload else FP32 * ps,  # single_partition_of_fp32_groups (:560-561)
-        optimizer=0 if offload else state_bytes(setup, ps), gradients=grads, held_gradients=held, full_gradients=full,
+        # single_partition_of_fp32_groups (:560-561) and its optimizer state
+        weights=weights, master=_held(shares[M], FP32 * part.aligned, FP32 * ps),
+        optimizer=_held(shares[S], state_bytes(setup, part.aligned), state_bytes(setup, ps)),
+        gradients=grads, held_gradients=held, full_gradients=full,
         bucket=bucket if ds.contiguous_gradients and not bf16_optimizer else 0, bucket_permanent=False,
         # allreduce_bucket's flatten of the bucket's slices (:2367): at most what the bucket holds
-        flush=0 if bf16_optimizer else lp * min(ds.reduce_bucket_size, sum(layout.trainable_numels(setup))),
+        flush=0 if bf16_optimizer else lp * min(ds.reduce_bucket_size, trained),
         # step(): flatten(averaged_gradients) in half, then .to(fp32) (:3113-3118)
         step_temps=0 if offload or bf16_optimizer else (lp + FP32) * ps,
         offload_temps=lp * part.largest if offload else 0, gathered_forward=0, gathered_layer=0,
@@ -130,13 +131,17 @@ def _zero12(setup: TrainingSetup, ds: DeepSpeedSettings) -> ZeroStates:
         # a gradient larger than the bucket is reduced on its own (:1443-1449); a smaller one is copied into the
         # bucket; offload converts its in-partition slice to fp32 on the GPU (:1900)
         first_grad=(lp * last if last > ds.reduce_bucket_size else bucket) + (FP32 * last if offload else 0),
+        # the fp32 master (:565) and gradient partition (:934-941), the optimizer state, the half staging copy
+        # (:567-575) and temp_grad_buffer_for_cpu_offload (:653-657)
+        host=(FP32 + FP32 + lp) * ps + state_bytes(setup, ps) + lp * part.largest if offload else 0,
     )
 
 
 def _zero3(setup: TrainingSetup, ds: DeepSpeedSettings) -> ZeroStates:
     lp, threshold = model_dtype_bytes(setup), ds.stage3_param_persistence_threshold
     part = layout.stage3_partition(setup, ds.sub_group_size, threshold)
-    offload, grad = setup.strategy.offloads_optimizer, FP32 if ds.grad_accum_fp32 else lp
+    shares = zero_shares(setup, ds)
+    offload, grad = shares[S] is Share.HOST, FP32 if ds.grad_accum_fp32 else lp
     many = setup.world_size > 1
     persistent = lp * part.persistent if many else 0  # gathered after the first step (stage3.py:2841)
     window, ahead = layout.gathered_at_forward_end(setup, ds.stage3_max_reuse_distance, threshold,
@@ -145,23 +150,31 @@ def _zero3(setup: TrainingSetup, ds: DeepSpeedSettings) -> ZeroStates:
                                         threshold)
     largest = layout.largest_module(setup) if many else 0
     trained_sizes = layout.trainable_numels(setup)
+    trained = sum(trained_sizes)
 
     def in_flight(n: int) -> int:  # a gradient larger than the bucket is reduce-scattered on its own (:1621-1646)
         return lp * n if n > ds.reduce_bucket_size else 0
 
-    partitions = 0 if ds.offload_param else lp * part.all_params  # ds_tensor / lp_param_buffer (stage3.py:972)
+    # ds_tensor / lp_param_buffer (stage3.py:972); offload_param: on the host (:975-1000)
+    partitions = _held(shares[W], lp * sum(layout.all_numels(setup)), lp * part.all_params)
+    # grad_partitions_flat_buffer, permanent, in the accumulation dtype (stage3.py:786-801)
+    gradients = _held(shares[G], grad * trained, grad * part.trained)
     return ZeroStates(
-        weights=partitions + persistent + buffer_bytes(setup), master=0 if offload else FP32 * part.trained,
-        optimizer=0 if offload else state_bytes(setup, part.trained),
-        # grad_partitions_flat_buffer, permanent, in the accumulation dtype (stage3.py:786-801)
-        gradients=0 if offload else grad * part.trained, held_gradients=0 if offload else grad * part.trained,
+        weights=partitions + persistent + buffer_bytes(setup),
+        master=_held(shares[M], FP32 * trained, FP32 * part.trained),
+        optimizer=_held(shares[S], state_bytes(setup, trained), state_bytes(setup, part.trained)),
+        gradients=gradients, held_gradients=gradients,
         full_gradients=0, bucket=lp * ds.reduce_bucket_size if ds.contiguous_gradients else 0, bucket_permanent=True,
         # reduce_scatter_coalesced's cat of the bucket's gradients (runtime/comm/coalesced_collectives.py:102-121)
-        flush=lp * min(ds.reduce_bucket_size, sum(trained_sizes)),
+        flush=lp * min(ds.reduce_bucket_size, trained),
         # _prepare_fp32_grad_for_sub_group: flatten (grad dtype) and .to(fp32) of one sub-group (stage3.py:2683-2700)
         step_temps=0 if offload else (grad + FP32) * part.sub_group, offload_temps=0,
         gathered_forward=lp * (window + ahead), gathered_layer=lp * (largest + prefetch) if many else 0,
         persistent_gathered=persistent, first_grad=in_flight(trained_sizes[-1]), last_grad=in_flight(trained_sizes[0]),
+        # the gradient partitions (stage3.py:786-795), the fp32 partitions, the optimizer state, one fp32 gradient
+        # buffer per sub-group (:1336-1342), and with offload_param the half partitions (:975-1000)
+        host=(grad + FP32 + FP32) * part.trained + state_bytes(setup, part.trained)
+        + (lp * part.all_params if shares[W] is Share.HOST else 0) if offload else 0,
     )
 
 
@@ -179,21 +192,17 @@ def zero_states(setup: TrainingSetup, settings: DeepSpeedSettings | None = None)
     return found
 
 
-def deepspeed_phases(setup: TrainingSetup, z: ZeroStates, tensors: dict[str, int]
-                     ) -> dict[Phase, dict[MemCategory, int]]:
-    """Allocated bytes by category in each phase of a DeepSpeed step.
-
-    ``tensors``: ``layer_activations``, ``logits_forward``, ``loss_backward``, ``logits_grad``,
-    ``recompute_activations``, ``recompute_workspace`` from :class:`oomlab.budget.inventory.StepTensors`
-    (activations in DeepSpeed's regime).
-    """
+def deepspeed_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[MemCategory, int]]:
+    """Allocated bytes by category in each phase of a DeepSpeed step, from the inventory's :class:`ZeroStates` and
+    step tensors (activations in DeepSpeed's regime)."""
+    z, t = inventory.zero, inventory.tensors
     held = {W: z.weights, M: z.master, S: z.optimizer, G: z.held_gradients}
     permanent = z.offload_temps + (z.bucket if z.bucket_permanent else 0)
     bucket = z.bucket  # ZeRO-1/2: from the first gradient that enters it to the end of the epilogue (:924-932, :1061)
-    acts, loss, logits_grad = tensors["layer_activations"], tensors["loss_backward"], tensors["logits_grad"]
+    acts, loss, logits_grad = t.layer_activations, t.loss_backward, t.logits
     if setup.strategy.zero_stage == 3:
         gathered = permanent + z.gathered_forward
-        forward = {**held, A: acts, LG: tensors["logits_forward"], X: gathered}
+        forward = {**held, A: acts, LG: t.logits_forward, X: gathered}
         backward = [
             {**held, A: acts, LG: loss, X: gathered},  # start: the loss's gradients, the gathered window
             {**held, A: acts, LG: logits_grad, X: gathered + z.first_grad},  # the LM head's gradient
@@ -201,12 +210,12 @@ def deepspeed_phases(setup: TrainingSetup, z: ZeroStates, tensors: dict[str, int
             {**held, X: permanent + z.gathered_layer + z.last_grad + z.flush},
         ]
         if setup.checkpointing:
-            backward.append({**held, A: tensors["recompute_activations"],
-                             X: permanent + tensors["recompute_workspace"] + z.gathered_layer + z.flush})
+            backward.append({**held, A: t.recompute_activations,
+                             X: permanent + t.recompute_workspace + z.gathered_layer + z.flush})
         # step(): _partition_all_parameters releases every gathered parameter (stage3.py:2878)
         optimizer = {**held, W: z.weights - z.persistent_gathered, X: permanent + z.step_temps}
     else:
-        forward = {**held, A: acts, LG: tensors["logits_forward"], X: permanent}
+        forward = {**held, A: acts, LG: t.logits_forward, X: permanent}
         # the first gradient: ZeRO-2 on the last rank allocates its partition buffer there (:2186-2197)
         first = z.held_gradients if z.full_gradients or z.held_gradients else z.gradients
         backward = [
@@ -222,8 +231,8 @@ def deepspeed_phases(setup: TrainingSetup, z: ZeroStates, tensors: dict[str, int
             backward.append({**held, G: z.gradients, X: permanent + bucket + z.flush + converted})
         if setup.checkpointing:
             grads = 0 if z.full_gradients else z.gradients
-            backward.append({**held, A: tensors["recompute_activations"], G: max(grads, z.held_gradients),
-                             X: permanent + tensors["recompute_workspace"] + bucket})
+            backward.append({**held, A: t.recompute_activations, G: max(grads, z.held_gradients),
+                             X: permanent + t.recompute_workspace + bucket})
         optimizer = {**held, G: z.gradients, X: permanent + z.step_temps}
     pick = lambda cands: max(cands, key=lambda d: sum(d.values()))  # noqa: E731
     return {Phase.FORWARD: forward, Phase.BACKWARD: pick(backward), Phase.OPTIMIZER: optimizer}
@@ -241,20 +250,10 @@ def host_offload_bytes(setup: TrainingSetup, settings: DeepSpeedSettings | None 
     fp32 partitions, optimizer state, one fp32 gradient buffer per sub-group (:1336-1342), and with ``offload_param``
     the half partitions (:975-1000).
     """
-    if not setup.strategy.offloads_optimizer or not setup.strategy.deepspeed:
-        return 0
-    ds, lp = settings_for(setup, settings), model_dtype_bytes(setup)
-    if setup.strategy.zero_stage == 2:
-        part = layout.flat_partition(setup)
-        ps = part.partition
-        return (FP32 + FP32 + lp) * ps + state_bytes(setup, ps) + lp * part.largest
-    part3 = layout.stage3_partition(setup, ds.sub_group_size, ds.stage3_param_persistence_threshold)
-    grad = FP32 if ds.grad_accum_fp32 else lp
-    params = lp * part3.all_params if ds.offload_param else 0
-    return (grad + FP32 + FP32) * part3.trained + state_bytes(setup, part3.trained) + params
+    return zero_states(setup, settings).host if setup.strategy.deepspeed else 0
 
 
-def load_peak_bytes(setup: TrainingSetup, settings: DeepSpeedSettings | None = None) -> int:
+def load_peak_bytes(setup: TrainingSetup, z: ZeroStates) -> int:
     """The most one GPU holds while ``deepspeed.initialize`` builds the engine (before the first step).
 
     ZeRO-1/2: the half replica moved whole (``engine.py:2094``), then flattened -- on the GPU (params + flat copy)
@@ -264,16 +263,15 @@ def load_peak_bytes(setup: TrainingSetup, settings: DeepSpeedSettings | None = N
     the partitions plus the largest module (``transformers/integrations/deepspeed.py:298-335``), never a replica.
     """
     lp = model_dtype_bytes(setup)
-    z = zero_states(setup, settings)
     if setup.strategy.zero_stage == 3:
         return z.weights - z.persistent_gathered + lp * layout.largest_module(setup)
     replica = lp * sum(layout.all_numels(setup)) + buffer_bytes(setup)
     return replica
 
 
-def deepspeed_notes(setup: TrainingSetup, settings: DeepSpeedSettings | None = None) -> tuple[str, ...]:
+def deepspeed_notes(setup: TrainingSetup, inventory: Inventory) -> tuple[str, ...]:
     """What the budget of a DeepSpeed setup assumes, in sentences."""
-    ds = settings_for(setup, settings)
+    ds, z = settings_for(setup, inventory.deepspeed), inventory.zero
     stage = setup.strategy.zero_stage
     knobs = (f"reduce_bucket_size {ds.reduce_bucket_size:,} elements, overlap_comm {str(ds.overlap_comm).lower()}, "
              f"contiguous_gradients {str(ds.contiguous_gradients).lower()}")
@@ -283,10 +281,10 @@ def deepspeed_notes(setup: TrainingSetup, settings: DeepSpeedSettings | None = N
                   f"stage3_max_live_parameters {ds.stage3_max_live_parameters:,}, stage3_max_reuse_distance "
                   f"{ds.stage3_max_reuse_distance:,}, sub_group_size {ds.sub_group_size:,}")
         load = (f"loading: from_pretrained under zero.Init partitions every module as it is built; at most "
-                f"{load_peak_bytes(setup, settings) / 2**30:.2f} GiB per GPU, no full replica moved to a GPU")
+                f"{load_peak_bytes(setup, z) / 2**30:.2f} GiB per GPU, no full replica moved to a GPU")
     else:
         load = (f"loading: deepspeed.initialize moves the whole half replica to each GPU "
-                f"({load_peak_bytes(setup, settings) / 2**30:.2f} GiB; engine.py:2094) before partitioning")
+                f"({load_peak_bytes(setup, z) / 2**30:.2f} GiB; engine.py:2094) before partitioning")
     lora = ""
     if setup.method is not Method.FULL:
         lora = f"; peft's {lora_parameters(setup):,} adapter parameters cast to half by the engine"

@@ -14,12 +14,14 @@ budgets the step.  ``python -m oomlab.budget.deepspeed_estimators`` rewrites the
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oomlab.budget import deepspeed_layout as layout
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed import FP32, buffer_bytes, host_offload_bytes, zero_states
 from oomlab.budget.deepspeed_config import settings_for
+from oomlab.budget.regenerate import doc_main
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.core.files import write_text_atomic
 from oomlab.core.paths import REPO_ROOT
@@ -206,7 +208,16 @@ def _signed(value: int) -> str:
     return ("+" if value >= 0 else "−") + format_size(abs(value))
 
 
-def main() -> int:  # pragma: no cover - writes the committed document
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m oomlab.budget.deepspeed_estimators [--help]``."""
+    return doc_main("oomlab.budget.deepspeed_estimators",
+                    f"Run DeepSpeed's own ZeRO memory estimators for the {len(ROWS)} setups again, set oomlab's "
+                    "DeepSpeed budget beside them with every difference sized, and print the document. About a "
+                    "second.", (ESTIMATORS_DOC,), lambda _: regenerate(), argv)
+
+
+def regenerate() -> int:  # pragma: no cover - writes the committed document
+    """Rewrite ``deepspeed-estimators.md``."""
     markdown = render_markdown()
     write_text_atomic(ESTIMATORS_DOC, markdown)
     print(markdown)

@@ -29,7 +29,9 @@ from oomlab.budget import deepspeed_layout as layout
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed import FP32, buffer_bytes, host_offload_bytes, model_dtype_bytes, state_bytes, zero_states
 from oomlab.budget.deepspeed_config import settings_for
-from oomlab.budget.deepspeed_run import PHASES, STEPS, case_settings, case_setup, run_world
+from oomlab.budget.deepspeed_run import PHASES, STEPS, case_settings, case_setup, phase_mark, run_world
+from oomlab.budget.regenerate import doc_main
+from oomlab.budget.result import Phase
 from oomlab.budget.step import library_versions
 from oomlab.core import paths
 from oomlab.core.files import write_text_atomic
@@ -88,7 +90,7 @@ def _summary(record: dict[str, Any]) -> dict[str, Any]:
     if record["status"] != "ok":
         return {"status": record["status"], "error": record["error"]}
     phases = record["phases"]
-    return {"status": "ok", "peaks": {p: phases[f"s{STEPS}_{p}"]["peak"] for p in PHASES},
+    return {"status": "ok", "peaks": {p.value: phases[phase_mark(STEPS, p)]["peak"] for p in PHASES},
             "after_step": phases[f"s{STEPS}_done"]["start"], "load_peak": phases["initialize"]["peak"],
             "built": phases["build"]["end"], "after_backward": record["after_backward"],
             "after_step_structure": record["after_step"], "losses": record["losses"]}
@@ -108,6 +110,11 @@ def measure(cases: Sequence[dict[str, Any]] = CASES, use_cache: bool = True) -> 
             out[i] = [_summary(r) for r in ranks]
     write_text_atomic(cache, json.dumps(out))
     return out  # type: ignore[return-value]
+
+
+def measured_peaks(rank: Mapping[str, Any]) -> dict[Phase, int]:
+    """One rank's summary: the second step's peak in each phase (the JSON keys them by the phases' values)."""
+    return {p: rank["peaks"][p.value] for p in PHASES}
 
 
 # ------------------------------------------------------------------------------------------------ comparing
@@ -140,16 +147,28 @@ def analytic_structure(case: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-def analytic_phases(case: Mapping[str, Any]) -> dict[str, int]:
+@dataclass(frozen=True)
+class AnalyticStep:
+    """A case's analytic step: each phase's total and the bytes held after the step, the host's offloaded bytes added
+    to both (on this CPU host and device are one allocator)."""
+
+    phases: Mapping[Phase, int]  # in PHASES order
+    after_step_bytes: int
+
+    @property
+    def peak_phase(self) -> Phase:
+        return max(self.phases, key=self.phases.__getitem__)
+
+
+def analytic_step(case: Mapping[str, Any]) -> AnalyticStep:
     """The analytic phase totals (+ the host's offloaded bytes: one allocator here) and the bytes held after a step."""
     setup, settings = case_setup(case), case_settings(case)
     result = estimate_setup(setup, 0, settings)
     host = host_offload_bytes(setup, settings)
     z = zero_states(setup, settings)
-    totals = {p.value: sum(c.values()) + host for p, c in result.phases.items()}
     permanent = z.offload_temps + (z.bucket if z.bucket_permanent else 0)
-    totals["after step"] = z.weights + z.master + z.optimizer + z.held_gradients + permanent + host
-    return totals
+    return AnalyticStep({p: sum(result.phases[p].values()) + host for p in PHASES},
+                        z.weights + z.master + z.optimizer + z.held_gradients + permanent + host)
 
 
 @dataclass(frozen=True)
@@ -181,11 +200,12 @@ def compare(cases: Sequence[Mapping[str, Any]], measured: Sequence[Sequence[Mapp
         ok = [r for r in ranks if r["status"] == "ok"]
         if len(ok) != len(ranks):
             continue
-        expected = analytic_phases(case)
-        for phase in (*PHASES, "after step"):
-            got = max(r["after_step"] if phase == "after step" else r["peaks"][phase] for r in ok)
-            rows.append(Row(case["label"], f"{phase} peak" if phase != "after step" else "live after the step",
-                            got, expected[phase]))
+        expected = analytic_step(case)
+        for phase in PHASES:
+            rows.append(Row(case["label"], f"{phase.value} peak", max(measured_peaks(r)[phase] for r in ok),
+                            expected.phases[phase]))
+        rows.append(Row(case["label"], "live after the step", max(r["after_step"] for r in ok),
+                        expected.after_step_bytes))
         structure = analytic_structure(case)
         for name in STRUCTURE:
             if name not in structure:
@@ -267,8 +287,20 @@ def build_data(use_cache: bool = True) -> dict[str, Any]:
             "measured": measure(CASES, use_cache)}
 
 
-def main(argv: list[str] | None = None) -> int:  # pragma: no cover - writes the committed files
-    data = build_data(use_cache="--no-cache" not in (argv or sys.argv[1:]))
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m oomlab.budget.deepspeed_measured [--no-cache] [--help]``."""
+    return doc_main("oomlab.budget.deepspeed_measured",
+                    f"Train the {len(CASES)} tiny DeepSpeed ZeRO-1/2/3 cases for real on gloo CPU processes (two "
+                    "steps each), set every rank's measured bytes beside the analytic budget, and print the document. "
+                    "About a minute on two cores, plus DeepSpeed's first JIT build of its CPU op; results cached "
+                    "under outputs/cache by the cases and library versions.", (MEASURED_JSON, MEASURED_DOC),
+                    lambda args: regenerate(use_cache=not args.no_cache), argv,
+                    flags={"--no-cache": "run every case again, ignoring the cached measurements"})
+
+
+def regenerate(use_cache: bool = True) -> int:  # pragma: no cover - writes the committed files
+    """Rewrite ``deepspeed-small-scale.json`` and ``deepspeed-small-scale.md``; 0 when every figure agrees."""
+    data = build_data(use_cache=use_cache)
     write_text_atomic(MEASURED_JSON, json.dumps(data, indent=1) + "\n")
     markdown = render_markdown(data)
     write_text_atomic(MEASURED_DOC, markdown)

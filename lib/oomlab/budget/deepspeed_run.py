@@ -37,12 +37,13 @@ from oomlab.budget.deepspeed_config import (
     precision_block,
     zero_optimization_block,
 )
+from oomlab.budget.result import Phase
 from oomlab.budget.step import LEARNING_RATE, build_model, tiny_setup
 from oomlab.core.quiet import quiet_libraries
 from oomlab.core.setup import TrainingSetup
 
 MARK = "oomlab.ds:"
-PHASES = ("forward", "backward", "optimizer")
+PHASES = tuple(Phase)  # each step's marks, labelled with the phases' values (the records' keys)
 STEPS = 2
 SPAWN_ATTEMPTS = 2
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -222,6 +223,11 @@ def replay(prof: Any) -> dict[str, dict[str, int]]:
     return out
 
 
+def phase_mark(step: int, phase: Phase) -> str:
+    """The profiler label that opens ``phase`` of step ``step`` (``s2_forward``): the key of its figures in a record."""
+    return f"s{step}_{phase.value}"
+
+
 def _mark(label: str) -> None:
     from torch.profiler import record_function
 
@@ -264,13 +270,13 @@ def _run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
             losses = []
             for step in range(1, STEPS + 1):
                 ids = torch.randint(0, setup.model.vocab_size, (setup.batch, setup.seq), generator=generator)
-                _mark(f"s{step}_forward")
+                _mark(phase_mark(step, Phase.FORWARD))
                 loss = engine(input_ids=ids, labels=ids).loss
-                _mark(f"s{step}_backward")
+                _mark(phase_mark(step, Phase.BACKWARD))
                 engine.backward(loss)
                 if step == STEPS:
                     record["after_backward"] = probe(engine)
-                _mark(f"s{step}_optimizer")
+                _mark(phase_mark(step, Phase.OPTIMIZER))
                 engine.step()
                 _mark(f"s{step}_done")
                 losses.append(float(loss.detach().float()))

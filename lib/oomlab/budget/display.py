@@ -10,9 +10,9 @@ from typing import Any
 
 from oomlab.budget.agreement import NotTraced
 from oomlab.budget.estimate import estimate
-from oomlab.budget.result import ALLOCATED, BudgetResult
+from oomlab.budget.inventory import model_states
+from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
 from oomlab.budget.small_scale import SMALL_CASES, compare_small
-from oomlab.budget.states import gradients_on_gpu, master_weights_on_gpu, optimizer_on_gpu, weights_on_gpu
 from oomlab.core.choices import Optimizer, Precision
 from oomlab.core.errors import OomlabError
 from oomlab.core.setup import make_setup
@@ -91,7 +91,8 @@ def bytes_per_parameter_rows(model: str = "llama-13b") -> list[list[str]]:
                 if strategy == "zero2" and precision in (Precision.FP32, Precision.FP16, Precision.BF16):
                     continue
                 n = s.model.num_parameters
-                terms = [weights_on_gpu(s), gradients_on_gpu(s), master_weights_on_gpu(s), optimizer_on_gpu(s)]
+                m = model_states(s)  # what estimate() holds (DeepSpeed's: its flat partition's layout)
+                terms = [m.weights, m.gradients, m.master_weights, m.optimizer_state]
                 rows.append([label, precision.value, optimizer.value] + [f"{t / n:.2f}" for t in terms]
                             + [f"{sum(terms) / n:.2f}"])
     return rows
@@ -170,6 +171,19 @@ def analytic_only_rows(committed: dict[str, Any]) -> list[list[str]]:
 ANALYTIC_ONLY_HEADERS = ["setup", "analytic", "phase", "why not traced"]
 
 
+def training_words(strategy: str, method: str, precision: str, optimizer: str, batch: int, seq: int) -> str:
+    """A training configuration in words: ``ddp, full fine-tuning, fp16-mixed, adamw, micro-batch 1 × 2048 tokens``."""
+    return f"{strategy}, {method} fine-tuning, {precision}, {optimizer}, micro-batch {batch} × {seq} tokens"
+
+
+def configured_sentence(training: str, per_gpu_peak_bytes: int, headroom_bytes: int, fits: bool, gpus: int) -> str:
+    """The configured budget's answer in one sentence (the report's): what one step needs per GPU, and whether it
+    fits (``training``: :func:`training_words`, escaped where it must be)."""
+    return (f"Training as configured ({training}) needs {format_size(per_gpu_peak_bytes)} per GPU and "
+            f"{Fit.of(fits).value} ({format_size(abs(headroom_bytes))} {'to spare' if fits else 'short'})"
+            + (f"; the {gpus} GPUs do not pool their memory." if gpus > 1 else "."))
+
+
 def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
     """Markdown: what the configured setup needs, what breaks it, and which variants fit."""
     label, seed = results[0]
@@ -180,8 +194,8 @@ def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
         f"**As configured** ({label.removeprefix('as configured: ')}) one training step needs "
         f"{format_size(seed.per_gpu_peak_bytes)} on each "
         f"{gpu.display_name} of {format_size(seed.capacity_bytes)}: "
-        + ("it fits." if seed.fits else
-           f"it does not fit, short by {format_size(-seed.headroom_bytes)}; the largest component is "
+        + (f"it {Fit.FITS.value}." if seed.fits else
+           f"it {Fit.NO.value}, short by {format_size(-seed.headroom_bytes)}; the largest component is "
            f"{breaking.value} ({format_size(seed.components[breaking])}) and the peak falls in the "
            f"{seed.peak_phase.value} phase."),
         (f"The {gpus} GPUs do not pool their memory: each process holds what the strategy puts on it, so the "

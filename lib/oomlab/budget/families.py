@@ -28,12 +28,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from oomlab.budget.agreement import AgreementRow, compare, describe
 from oomlab.budget.layer_trace import prefix_spec
+from oomlab.budget.regenerate import doc_main
+from oomlab.budget.result import MemCategory, Phase, Source
 from oomlab.budget.small_scale import SmallCase, compare_small
 from oomlab.budget.step import library_versions
 from oomlab.core.files import write_text_atomic
@@ -111,12 +113,12 @@ class FamilyRow:
     family: str
     model: str  # the spec (cut) or the tiny config
     setup: str
-    source: str  # "traced" or "measured"
+    source: Source  # traced or measured
     analytic_peak_bytes: int
     reference_peak_bytes: int
-    analytic_phase: str
-    reference_phase: str
-    worst_component: str  # the category that differs most ("" for measured rows)
+    analytic_phase: Phase
+    reference_phase: Phase
+    worst_component: MemCategory | None  # the category that differs most (None for measured rows: peaks only)
     worst_component_delta: float  # its (analytic - reference) / reference peak
     known_gap: str  # why the row is outside the tolerance ("" when it is expected to agree)
     seconds: float  # wall time of the reference (trace or real steps)
@@ -127,11 +129,31 @@ class FamilyRow:
 
     @property
     def tolerance(self) -> float:
-        return TOLERANCE if self.source == "traced" else MEASURED_TOLERANCE
+        return TOLERANCE if self.source is Source.TRACED else MEASURED_TOLERANCE
 
     @property
     def agrees(self) -> bool:
         return abs(self.ratio - 1) <= self.tolerance and abs(self.worst_component_delta) <= self.tolerance
+
+    @property
+    def worst_component_name(self) -> str:
+        """The worst component's name ("" for measured rows), as the JSON and the document write it."""
+        return self.worst_component.value if self.worst_component is not None else ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The committed row (``family-agreement.json``)."""
+        return {"family": self.family, "model": self.model, "setup": self.setup, "source": self.source.value,
+                "analytic_peak_bytes": self.analytic_peak_bytes, "reference_peak_bytes": self.reference_peak_bytes,
+                "analytic_phase": self.analytic_phase.value, "reference_phase": self.reference_phase.value,
+                "worst_component": self.worst_component_name, "worst_component_delta": self.worst_component_delta,
+                "known_gap": self.known_gap, "seconds": self.seconds, "ratio": self.ratio}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> FamilyRow:
+        return cls(row["family"], row["model"], row["setup"], Source(row["source"]), row["analytic_peak_bytes"],
+                   row["reference_peak_bytes"], Phase(row["analytic_phase"]), Phase(row["reference_phase"]),
+                   MemCategory(row["worst_component"]) if row["worst_component"] else None,
+                   row["worst_component_delta"], row["known_gap"], row["seconds"])
 
 
 def traced_row(family: Family, index: int) -> FamilyRow:
@@ -139,7 +161,7 @@ def traced_row(family: Family, index: int) -> FamilyRow:
     start = time.perf_counter()
     row: AgreementRow = compare(setup)
     name, delta = row.worst_component
-    return FamilyRow(family.value, setup.model.name, describe(setup), "traced", row.analytic_peak_bytes,
+    return FamilyRow(family.value, setup.model.name, describe(setup), Source.TRACED, row.analytic_peak_bytes,
                      row.traced_peak_bytes, row.analytic_phase, row.traced_phase, name, delta,
                      KNOWN_GAPS.get((family, index), ""), time.perf_counter() - start)
 
@@ -147,9 +169,9 @@ def traced_row(family: Family, index: int) -> FamilyRow:
 def measured_row(family: Family) -> FamilyRow:
     start = time.perf_counter()
     small = compare_small(SmallCase(family.value, {"family": family, **MEASURED_KNOBS}))
-    return FamilyRow(family.value, small.case.setup.model.name, MEASURED_LABEL, "measured", small.analytic_peak_bytes,
-                     small.measured_peak_bytes, small.analytic_peak_phase.value, small.measured.peak_phase.value, "",
-                     0.0, "", time.perf_counter() - start)
+    return FamilyRow(family.value, small.case.setup.model.name, MEASURED_LABEL, Source.MEASURED,
+                     small.analytic_peak_bytes, small.measured_peak_bytes, small.analytic_peak_phase,
+                     small.measured.peak_phase, None, 0.0, "", time.perf_counter() - start)
 
 
 def compute_rows(families: tuple[Family, ...] = tuple(Family), *, measured: bool = True) -> list[FamilyRow]:
@@ -196,11 +218,11 @@ def render_markdown(rows: list[FamilyRow], versions: Mapping[str, str]) -> str:
         "|---|---|---|---|---:|---:|---:|---|---|---|",
     ]
     for r in rows:
-        component = f"{r.worst_component} {r.worst_component_delta:+.2%}" if r.worst_component else "-"
+        component = f"{r.worst_component_name} {r.worst_component_delta:+.2%}" if r.worst_component is not None else "-"
         verdict = "yes" if r.agrees else ("known gap" if r.known_gap else "NO")
-        lines.append(f"| {r.family} | {r.model} | {r.setup} | {r.source} | {format_size(r.analytic_peak_bytes)} | "
-                     f"{format_size(r.reference_peak_bytes)} | {r.ratio:.4f} | {r.analytic_phase} / "
-                     f"{r.reference_phase} | {component} | {verdict} |")
+        lines.append(f"| {r.family} | {r.model} | {r.setup} | {r.source.value} | "
+                     f"{format_size(r.analytic_peak_bytes)} | {format_size(r.reference_peak_bytes)} | {r.ratio:.4f} | "
+                     f"{r.analytic_phase.value} / {r.reference_phase.value} | {component} | {verdict} |")
     gaps = [r for r in rows if r.known_gap]
     if gaps:
         lines += ["", "## Known gaps", "", "| family | setup | ratio | why |", "|---|---|---:|---|"]
@@ -209,23 +231,37 @@ def render_markdown(rows: list[FamilyRow], versions: Mapping[str, str]) -> str:
 
 
 def rows_from_json(data: Mapping[str, Any]) -> list[FamilyRow]:
-    return [FamilyRow(**{k: v for k, v in row.items() if k != "ratio"}) for row in data["rows"]]
+    return [FamilyRow.from_json(row) for row in data["rows"]]
+
+
+def committed_data(rows: list[FamilyRow], versions: Mapping[str, str]) -> dict[str, Any]:
+    """What ``family-agreement.json`` holds (a test rebuilds the committed file from its own rows)."""
+    return {"tolerance": TOLERANCE, "measured_tolerance": MEASURED_TOLERANCE, "traced_layers": TRACED_LAYERS,
+            "versions": dict(versions), "gpu": GPU, "rows": [r.to_json() for r in rows]}
 
 
 def load_committed() -> dict[str, Any]:
     return json.loads(FAMILY_JSON.read_text())
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m oomlab.budget.families [--help]``."""
+    return doc_main("oomlab.budget.families",
+                    f"Budget and trace every family's spec (cut to {TRACED_LAYERS} layers at full width) in the "
+                    f"{len(TRACED_SETUPS)} traced setups, and train each family's tiny config for two real CPU steps. "
+                    "A few minutes on two cores (traces cached under outputs/cache).", (FAMILY_JSON, FAMILY_DOC),
+                    lambda _: regenerate(), argv)
+
+
+def regenerate() -> int:
+    """Rewrite ``family-agreement.json`` and ``family-agreement.md``; 0 when every row but the known gaps agrees."""
     rows = compute_rows()
     versions = library_versions()
-    data = {"tolerance": TOLERANCE, "measured_tolerance": MEASURED_TOLERANCE, "traced_layers": TRACED_LAYERS,
-            "versions": versions, "gpu": GPU, "rows": [{**asdict(r), "ratio": r.ratio} for r in rows]}
-    write_text_atomic(FAMILY_JSON, json.dumps(data, indent=2) + "\n")
+    write_text_atomic(FAMILY_JSON, json.dumps(committed_data(rows, versions), indent=2) + "\n")
     write_text_atomic(FAMILY_DOC, render_markdown(rows, versions))
     bad = [r for r in rows if not r.agrees and not r.known_gap]
     for r in bad:
-        print(f"outside the tolerance: {r.family}: {r.setup} ({r.ratio:.4f}, {r.worst_component} "
+        print(f"outside the tolerance: {r.family}: {r.setup} ({r.ratio:.4f}, {r.worst_component_name} "
               f"{r.worst_component_delta:+.2%})", file=sys.stderr)
     print(f"wrote {FAMILY_JSON} and {FAMILY_DOC}: {len(rows)} rows, {len(bad)} outside the tolerance")
     return 1 if bad else 0

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from oomlab.budget import activations as act
 from oomlab.budget.result import MemCategory, Phase
+from oomlab.budget.sharding import per_gpu
 from oomlab.budget.states import NF4_DQ_BITS
+from oomlab.budget.step_parts import Inventory
 from oomlab.budget.workspace import in_layer_backward_bytes
 from oomlab.core.choices import FSDP1_STRATEGIES, Method
 from oomlab.core.setup import TrainingSetup
-from oomlab.core.units import ceil_div
 
 HALF = 2  # FSDP's mixed-precision param and reduce dtype (fp16 / bf16), and pure half precision's
 W, G, M, S = MemCategory.WEIGHTS, MemCategory.GRADIENTS, MemCategory.MASTER_WEIGHTS, MemCategory.OPTIMIZER_STATE
@@ -49,13 +50,13 @@ def layer_gathered_bytes(setup: TrainingSetup) -> int:
 
 
 def layer_grad_shard_bytes(setup: TrainingSetup, grad_bytes: int) -> int:
-    """One layer's sharded gradient (the trained parameters' only)."""
+    """One layer's gradient as this GPU holds it (the trained parameters' only; :mod:`.sharding`'s share)."""
     spec = setup.model
     if setup.method is Method.FULL:
         params = spec.layer_params  # every parameter of the layer (LLaMA: projections + 2 h norms)
     else:
         params = spec.layer_lora_parameters(setup.lora_rank, setup.lora_targets)
-    return ceil_div(grad_bytes * params, setup.world_size)
+    return per_gpu(setup, G, grad_bytes * params)
 
 
 def outer_gathered_bytes(setup: TrainingSetup) -> tuple[int, int]:
@@ -77,32 +78,28 @@ def backward_temporaries(setup: TrainingSetup) -> int:
     return act.tokens(setup) * c * (3 * spec.intermediate_size + spec.hidden_size)
 
 
-def fsdp_phases(setup: TrainingSetup, weights: int, master: int, optimizer_state: int, gradients: int,
-                optimizer_temps: int, grad_bytes: int, layer_acts: int, logits: dict[str, int]
-                ) -> dict[Phase, dict[MemCategory, int]]:
-    """Allocated bytes by category in each phase of an FSDP step (see the module docstring).
-
-    ``layer_acts``: every tensor saved for backward at the end of forward but the loss's; ``logits``:
-    :func:`oomlab.budget.workspace.logits_bytes`.
-    """
+def fsdp_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[MemCategory, int]]:
+    """Allocated bytes by category in each phase of an FSDP step (see the module docstring), from the inventory's
+    model states and step tensors (every tensor saved for backward at the end of forward but the loss's, and the
+    per-layer terms)."""
+    s, t = inventory.states, inventory.tensors
     spec, trained = setup.model, setup.method is Method.FULL
-    held = {W: weights, M: master, S: optimizer_state}
+    gradients, grad_bytes, layer_acts, per_layer = s.gradients, s.grad_bytes, t.layer_activations, t.per_layer
+    held = {W: s.weights, M: s.master_weights, S: s.optimizer_state}
     lh = layer_gathered_bytes(setup)
-    g_layer = 0 if setup.strategy.offloads else layer_grad_shard_bytes(setup, grad_bytes)
+    g_layer = layer_grad_shard_bytes(setup, grad_bytes)
     embed, tail = outer_gathered_bytes(setup)
-    per_layer = act.checkpoint_layer_bytes(setup) if setup.checkpointing else act.layer_activation_bytes(setup)
-    stream = act.checkpoint_layer_bytes(setup)  # one hidden-state tensor
     tmp = in_layer_backward_bytes(setup, backward_temporaries(setup))  # QLoRA: with its dequantized projection
     if setup.checkpointing:
-        layers = spec.num_hidden_layers * per_layer + act.rope_bytes(setup)
+        layers = t.layer_inputs
     else:
-        layers = act.first_layer_activation_bytes(setup) + (spec.num_hidden_layers - 1) * per_layer \
-            + act.rope_bytes(setup)
+        layers = t.first_layer + (spec.num_hidden_layers - 1) * per_layer + t.rope
     # a layer's backward ends with the layer's own saved tensors gone (its checkpointed input stays until then)
     top = layers - (per_layer if setup.checkpointing else 2 * per_layer)
-    bottom = per_layer + act.rope_bytes(setup)  # the bottom layer's input (FSDP1) or the one below it (FSDP2)
-    logits_fw = logits["logits"] + logits["fp32 copy"] + logits["log_softmax"]
-    loss_bw = logits["log_softmax"] + 2 * logits["grad"]
+    bottom = per_layer + t.rope  # the bottom layer's input (FSDP1) or the one below it (FSDP2)
+    # the gradients of the outer units (their half parameter bytes: tail and embed are even), as this GPU holds them
+    tail_grad, embed_grad = (per_gpu(setup, G, grad_bytes * n // HALF) for n in (tail, embed))
+    outer_grads = per_gpu(setup, G, grad_bytes * (spec.embedding_params + spec.lm_head_params))
     fsdp1 = setup.strategy in FSDP1_STRATEGIES
     # NB: with checkpointing a trained layer's backward also holds its two recomputed norms' fp32 gradients
     # (read off the 7B/13B FSDP2 traces: 63-78 MiB at 2,048 tokens)
@@ -111,61 +108,53 @@ def fsdp_phases(setup: TrainingSetup, weights: int, master: int, optimizer_state
     if fsdp1:
         forward = [
             {**held, A: layer_acts, X: root + lh},  # the last layer done, still gathered
-            {**held, A: layer_acts, LG: logits_fw, X: root},
+            {**held, A: layer_acts, LG: t.logits_forward, X: root},
         ]
-        backward = [{**held, A: layer_acts, LG: loss_bw, X: root + lh}]  # the last layer prefetched
+        backward = [{**held, A: layer_acts, LG: t.loss_backward, X: root + lh}]  # the last layer prefetched
         if trained:
-            head_grad = HALF * (spec.lm_head_params or spec.embedding_params) + stream
+            head_grad = HALF * (spec.lm_head_params or spec.embedding_params) + t.stream
             # the top layer's backward ends with the next prefetched: its half grads and their reduce-scatter copy
             backward.append({**held, A: top + per_layer, X: root + 4 * lh + head_grad})
             # the last layer's, every other gradient there (the root's come last)
-            backward.append({**held, A: per_layer, G: gradients - 2 * g_layer - ceil_div(grad_bytes * (
-                spec.embedding_params + spec.lm_head_params), setup.world_size), X: root + 4 * lh + head_grad})
+            backward.append({**held, A: per_layer, G: gradients - 2 * g_layer - outer_grads,
+                             X: root + 4 * lh + head_grad})
             backward.append({**held, G: gradients, X: root})
             if setup.checkpointing:
                 # the bottom layer's recompute: the layer's saved tensors again beside its own input, almost every
                 # gradient already reduced, the head's half gradient still held
-                backward.append({**held, A: bottom + act.first_layer_activation_bytes(setup) + act.layer_fixed_bytes(
-                    setup), G: gradients - 2 * g_layer - ceil_div(grad_bytes * (
-                        spec.embedding_params + spec.lm_head_params), setup.world_size),
-                    X: root + 2 * lh + head_grad + tmp})
-            optimizer = {**held, G: gradients, X: optimizer_temps}
+                backward.append({**held, A: bottom + t.first_layer + t.layer_fixed,
+                                 G: gradients - 2 * g_layer - outer_grads, X: root + 2 * lh + head_grad + tmp})
+            optimizer = {**held, G: gradients, X: s.optimizer_temps}
         else:
             backward.append({**held, A: layer_acts - per_layer, G: gradients, X: root + 2 * lh + tmp})
             # frozen units are not resharded after backward; a recomputed one is, in its own post-forward
-            optimizer = {**held, G: gradients, X: root + (0 if setup.checkpointing else lh) + optimizer_temps}
+            optimizer = {**held, G: gradients, X: root + (0 if setup.checkpointing else lh) + s.optimizer_temps}
         buffers = root + 2 * lh
     else:
         forward = [
             {**held, A: layer_acts - per_layer, X: 3 * lh},  # entering the last layer
-            {**held, A: layer_acts, LG: logits_fw, X: 2 * tail},
+            {**held, A: layer_acts, LG: t.logits_forward, X: 2 * tail},
         ]
-        backward = [{**held, A: layer_acts, LG: loss_bw, X: tail}]
+        backward = [{**held, A: layer_acts, LG: t.loss_backward, X: tail}]
         if trained:
             # inside the second layer from the top: the top's gradient shard and reduce-scatter output held
-            tail_grad = 0 if setup.strategy.offloads else ceil_div(grad_bytes * tail, HALF * setup.world_size)
             backward.append({**held, A: top, G: tail_grad + g_layer, X: 4 * lh + tmp + recomputed_norm_grads})
             # inside the second layer from the bottom
-            embed_grad = 0 if setup.strategy.offloads else ceil_div(grad_bytes * embed, HALF * setup.world_size)
             backward.append({**held, A: 2 * per_layer, G: gradients - 2 * g_layer - embed_grad,
                              X: 4 * lh + tmp + recomputed_norm_grads})
             backward.append({**held, G: gradients, X: lh + embed})
             if setup.checkpointing:
                 # the second layer from the bottom, recomputed: the inputs below it, its saved tensors again
-                backward.append({**held, A: bottom + act.layer_activation_bytes(setup)
-                                 + act.layer_fixed_bytes(setup), G: gradients - 2 * g_layer - embed_grad,
-                                 X: 3 * lh + stream + tmp})
+                backward.append({**held, A: bottom + t.layer_saved + t.layer_fixed,
+                                 G: gradients - 2 * g_layer - embed_grad, X: 3 * lh + t.stream + tmp})
         else:
             backward.append({**held, A: layer_acts - per_layer, G: gradients, X: 2 * lh + tmp})
-        optimizer = {**held, G: gradients, X: optimizer_temps}
+        optimizer = {**held, G: gradients, X: s.optimizer_temps}
         buffers = (3 if trained else 2) * lh
     if setup.checkpointing and not fsdp1:
         # FSDP2, inside the top layer's recomputed backward: every layer's input held, the recomputed inventory and its
         # gradient temporaries (what the recompute saves counts as activations, as traced)
-        inputs = spec.num_hidden_layers * per_layer + act.rope_bytes(setup)
-        recomputed = act.layer_activation_bytes(setup) + act.layer_fixed_bytes(setup)
-        grads = gradients if not trained or setup.strategy.offloads else ceil_div(
-            grad_bytes * tail, HALF * setup.world_size)
-        backward.append({**held, A: inputs + recomputed, G: grads, X: buffers + tmp})
+        grads = tail_grad if trained else gradients
+        backward.append({**held, A: t.layer_inputs + t.layer_saved + t.layer_fixed, G: grads, X: buffers + tmp})
     pick = lambda cands: max(cands, key=lambda d: sum(d.values()))  # noqa: E731
     return {Phase.FORWARD: pick(forward), Phase.BACKWARD: pick(backward), Phase.OPTIMIZER: optimizer}

@@ -10,12 +10,12 @@ after each step) is split into three phases; the peak is the largest phase total
   whichever is largest;
 * ``optimizer``: weights, gradients, optimizer state and the optimizer's temporaries.
 
-FSDP's phases are :mod:`.fsdp`'s, DeepSpeed's :mod:`.deepspeed`'s (from the same step tensors).
+The parts are typed (:mod:`.step_parts`): the model states (DeepSpeed's ``ZeroStates`` too, computed once) and
+the step tensors with the per-layer terms.  FSDP's phases are :mod:`.fsdp`'s, DeepSpeed's :mod:`.deepspeed`'s, each
+reading the same :class:`Inventory`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from oomlab.budget import activations as act
 from oomlab.budget import states, workspace
@@ -23,52 +23,9 @@ from oomlab.budget.deepspeed import deepspeed_phases, model_dtype_bytes, zero_st
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.fsdp import fsdp_phases
 from oomlab.budget.result import MemCategory, Phase
+from oomlab.budget.step_parts import Inventory, ModelStates, StepTensors
 from oomlab.core.choices import Method
 from oomlab.core.setup import TrainingSetup
-
-
-@dataclass(frozen=True)
-class ModelStates:
-    """Per-GPU bytes that do not depend on the micro-batch or the length (memoised: searches vary only those)."""
-
-    weights: int
-    gradients: int  # all of them, at the end of backward
-    master_weights: int
-    optimizer_state: int
-    optimizer_temps: int  # inside optimizer.step()
-    ddp_buckets: int
-    grad_bytes: int  # bytes per trained parameter of its gradient
-    held_gradients: int = 0  # gradient buffers held all step (DeepSpeed ZeRO-3's partitions, BF16_Optimizer's)
-
-    @property
-    def persistent(self) -> int:
-        """Bytes held all step long: weights, master weights, optimizer state (and permanent gradient buffers)."""
-        return self.weights + self.master_weights + self.optimizer_state + self.held_gradients
-
-
-@dataclass(frozen=True)
-class StepTensors:
-    """Per-GPU bytes of one micro-batch: saved activations, logits and loss, autocast's weight copies."""
-
-    layer_activations: int  # saved for backward at the end of forward (the loss's own tensors excluded)
-    autocast_copies: int  # half weight copies that backward still needs
-    autocast_cache: int  # every weight's half copy, held until the outermost autocast exits
-    logits: int  # the LM head's output
-    logits_fp32: int  # logits.float() inside the loss
-    log_softmax: int  # saved by cross_entropy
-    loss_grad: int  # one (tokens x vocab) fp32 gradient
-    recompute_activations: int  # checkpointing: every layer's input + the recomputed layer's saved tensors
-    recompute_workspace: int  # checkpointing: the recomputed layer's fixed bytes and gradient temporaries
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """Everything one setup's step is assembled from."""
-
-    states: ModelStates
-    tensors: StepTensors
-    deepspeed: DeepSpeedSettings | None = None  # DeepSpeed's knobs (None: the defaults; only DeepSpeed reads them)
-
 
 _STATES: dict[tuple, ModelStates] = {}
 
@@ -76,7 +33,7 @@ _STATES: dict[tuple, ModelStates] = {}
 def model_states(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = None) -> ModelStates:
     """The setup's :class:`ModelStates`, memoised on what they depend on."""
     key = (setup.model, setup.method._value_, setup.precision._value_, setup.strategy._value_,
-           setup.optimizer._value_, setup.world_size, setup.lora_rank, setup.lora_targets, setup.checkpointing,
+           setup.optimizer._value_, setup.gpus, setup.nodes, setup.lora_rank, setup.lora_targets, setup.checkpointing,
            deepspeed)
     found = _STATES.get(key)
     if found is None and setup.strategy.deepspeed:
@@ -84,13 +41,17 @@ def model_states(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = Non
         found = _STATES[key] = ModelStates(
             weights=z.weights, gradients=z.gradients, master_weights=z.master, optimizer_state=z.optimizer,
             optimizer_temps=z.step_temps, ddp_buckets=0, grad_bytes=model_dtype_bytes(setup),
-            held_gradients=z.held_gradients)
+            held_gradients=z.held_gradients, replica=states.weight_bytes_total(setup),
+            host_per_node=setup.gpus * z.host)
     if found is None:
         found = _STATES[key] = ModelStates(
             weights=states.weights_on_gpu(setup), gradients=states.gradients_on_gpu(setup),
-            master_weights=states.master_weights_on_gpu(setup), optimizer_state=states.optimizer_on_gpu(setup),
+            # torch's mixed precision keeps no master copy: the fp32 weights are the master (DeepSpeed's: ZeroStates)
+            master_weights=0, optimizer_state=states.optimizer_on_gpu(setup),
             optimizer_temps=states.optimizer_temp_bytes(setup), ddp_buckets=workspace.ddp_bucket_bytes(setup),
-            grad_bytes=states.grad_bytes_per_param(setup),
+            grad_bytes=states.grad_bytes_per_param(setup), held_gradients=0,
+            # the offloaded states, unsharded: a node's ranks hold 1 / nodes of them on its host
+            replica=states.weight_bytes_total(setup), host_per_node=states.host_bytes_total(setup) // setup.nodes,
         )
     return found
 
@@ -101,46 +62,46 @@ def step_tensors(setup: TrainingSetup) -> StepTensors:
     capped = act.softcap_saved_bytes(setup)  # Gemma-2's saved tanh(logits): logits-sized, held with log_softmax
     loss_saved = act.tokens(setup) * (4 * setup.model.vocab_size + act.INDEX) + capped
     lg = workspace.logits_bytes(setup)
+    layer_saved, layer_fixed = act.layer_activation_bytes(setup), act.layer_fixed_bytes(setup)
+    stream, rope = act.checkpoint_layer_bytes(setup), act.rope_bytes(setup)
+    inputs = setup.model.num_hidden_layers * stream + rope
     recompute_acts = recompute_fixed = 0
     if setup.checkpointing:
         # by then the head, the final norm and the loss have run their backward: only the layers' inputs remain,
         # plus the recomputed (top) layer's whole inventory and its gradient temporaries
-        inputs = setup.model.num_hidden_layers * act.checkpoint_layer_bytes(setup) + act.rope_bytes(setup)
-        recompute_acts = inputs + act.layer_activation_bytes(setup)
-        recompute_fixed = act.layer_fixed_bytes(setup) + workspace.in_layer_backward_bytes(
+        recompute_acts = inputs + layer_saved
+        recompute_fixed = layer_fixed + workspace.in_layer_backward_bytes(
             setup, workspace.recompute_gradient_bytes(setup))
     return StepTensors(
         layer_activations=saved - loss_saved, autocast_copies=act.autocast_copy_bytes(setup),
-        autocast_cache=act.autocast_cache_bytes(setup), logits=lg["logits"], logits_fp32=lg["fp32 copy"],
-        log_softmax=lg["log_softmax"] + capped, loss_grad=lg["grad"], recompute_activations=recompute_acts,
-        recompute_workspace=recompute_fixed,
+        autocast_cache=act.autocast_cache_bytes(setup), logits=lg.logits, logits_fp32=lg.fp32_copy,
+        log_softmax=lg.log_softmax + capped, loss_grad=lg.grad, recompute_activations=recompute_acts,
+        recompute_workspace=recompute_fixed, layer_saved=layer_saved,
+        first_layer=act.first_layer_activation_bytes(setup), layer_fixed=layer_fixed, stream=stream, rope=rope,
+        per_layer=stream if setup.checkpointing else layer_saved, layer_inputs=inputs,
     )
 
 
 def take_inventory(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = None) -> Inventory:
-    return Inventory(model_states(setup, deepspeed), step_tensors(setup), deepspeed)
+    """The setup's :class:`Inventory`: its model states (DeepSpeed's layout too) and its step tensors, once."""
+    zero = zero_states(setup, deepspeed) if setup.strategy.deepspeed else None
+    return Inventory(model_states(setup, deepspeed), step_tensors(setup), deepspeed, zero)
 
 
 def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[MemCategory, int]]:
     """Allocated bytes by category in each phase, each phase at its own largest moment."""
     s, t = inventory.states, inventory.tensors
     if setup.strategy.deepspeed:
-        return deepspeed_phases(setup, zero_states(setup, inventory.deepspeed), {
-            "layer_activations": t.layer_activations, "logits_forward": t.logits + t.logits_fp32 + t.log_softmax,
-            "loss_backward": t.log_softmax + 2 * t.loss_grad, "logits_grad": t.logits,
-            "recompute_activations": t.recompute_activations,
-            "recompute_workspace": t.recompute_workspace})
+        return deepspeed_phases(setup, inventory)
     if setup.strategy.fsdp:
-        return fsdp_phases(setup, s.weights, s.master_weights, s.optimizer_state, s.gradients, s.optimizer_temps,
-                           s.grad_bytes, t.layer_activations, {"logits": t.logits, "fp32 copy": t.logits_fp32,
-                                                                "log_softmax": t.log_softmax, "grad": t.loss_grad})
+        return fsdp_phases(setup, inventory)
     held = {MemCategory.WEIGHTS: s.weights, MemCategory.MASTER_WEIGHTS: s.master_weights,
             MemCategory.OPTIMIZER_STATE: s.optimizer_state}
     buckets = s.ddp_buckets
     forward = {
         **held,
         MemCategory.ACTIVATIONS: t.layer_activations,
-        MemCategory.LOGITS_LOSS: t.logits + t.logits_fp32 + t.log_softmax,
+        MemCategory.LOGITS_LOSS: t.logits_forward,
         # autocast's cache holds every weight's half copy until the outermost autocast exits (end of
         # forward), checkpointed or not
         MemCategory.WORKSPACE: max(t.autocast_copies, t.autocast_cache) + buckets,
@@ -149,7 +110,7 @@ def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, d
         {  # start: the loss gradients, every saved tensor still held
             **held,
             MemCategory.ACTIVATIONS: t.layer_activations,
-            MemCategory.LOGITS_LOSS: t.log_softmax + 2 * t.loss_grad,
+            MemCategory.LOGITS_LOSS: t.loss_backward,
             MemCategory.WORKSPACE: t.autocast_copies + buckets,
         },
         {  # end: every gradient held, activations freed
@@ -197,4 +158,4 @@ def forward_end_bytes(inventory: Inventory) -> int:
     """The forward's end, every tensor then alive: the persistent states, the saved activations, the logits, their
     fp32 copy and the loss's saved log-softmax."""
     s, t = inventory.states, inventory.tensors
-    return s.persistent + t.layer_activations + t.logits + t.logits_fp32 + t.log_softmax
+    return s.persistent + t.layer_activations + t.logits_forward

@@ -23,10 +23,8 @@ checkpointing). ``adamw-8bit`` is ``bitsandbytes.optim.AdamW8bit``, whose CPU st
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
-import logging
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -50,7 +48,7 @@ from oomlab.budget.step import (
 from oomlab.budget.tracker import TraceResult, make_tracker
 from oomlab.core.choices import Method, Precision, Strategy
 from oomlab.core.errors import InvalidValueError
-from oomlab.core.quiet import quiet_libraries
+from oomlab.core.quiet import no_warning_logs, quiet_libraries
 from oomlab.core.setup import TrainingSetup
 
 MAX_MEASURED_PARAMETERS = 50_000_000  # real tensors on CPU: tiny models only
@@ -135,7 +133,7 @@ def qlora_model(setup: TrainingSetup) -> Any:
         bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=compute,
     )
-    with tempfile.TemporaryDirectory(prefix="oomlab-qlora-") as folder, quiet_libraries(), _no_warnings():
+    with tempfile.TemporaryDirectory(prefix="oomlab-qlora-") as folder, quiet_libraries(), no_warning_logs():
         base.save_pretrained(folder)
         del base
         model = AutoModelForCausalLM.from_pretrained(
@@ -151,21 +149,6 @@ def qlora_model(setup: TrainingSetup) -> Any:
         accelerate_autocast(model, autocast)
     model.train()
     return model
-
-
-@contextlib.contextmanager
-def _no_warnings() -> Iterator[None]:
-    """No log records up to WARNING while loading: DeepSpeed (if installed) logs its accelerator choice to stdout.
-
-    NB: DeepSpeed's logger is created with level WARNING when transformers first imports it, inside the load, so
-    raising that logger's level beforehand does not hold; ``logging.disable`` does, for the duration only.
-    """
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
 
 
 def _quant_state_tensors(model: Any) -> Iterator[Any]:

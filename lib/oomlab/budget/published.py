@@ -19,6 +19,7 @@ from oomlab.budget.analytic import ALLOCATOR_FRAGMENTATION
 from oomlab.budget.estimate import estimate
 from oomlab.budget.published_rows import (
     FIGURES,
+    PUBLISHED_JSON,
     SOURCE_PREFIXES,
     Coverage,
     Figure,
@@ -34,6 +35,7 @@ from oomlab.budget.published_rows import (
     load_data,
     load_rows,
 )
+from oomlab.budget.regenerate import doc_main, shown
 from oomlab.budget.result import BudgetResult, MemCategory
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.files import write_text_atomic
@@ -344,7 +346,15 @@ def render_markdown(comparisons: Sequence[Comparison]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m oomlab.budget.published [--help]``."""
+    return doc_main("oomlab.budget.published",
+                    f"Estimate every published row of {shown(PUBLISHED_JSON)} again and set each beside the "
+                    "oomlab figure for the counter its source read. A few seconds.", (PUBLISHED_DOC,),
+                    lambda _: regenerate(), argv)
+
+
+def regenerate() -> int:
     """Compare every published row and write docs/published-measurements.md."""
     comparisons = compare_all()
     write_text_atomic(PUBLISHED_DOC, render_markdown(comparisons))

@@ -8,6 +8,7 @@ from typing import Any
 
 from oomlab.core.choices import Choice, Method
 from oomlab.core.setup import TrainingSetup
+from oomlab.core.units import format_size
 
 
 class MemCategory(Choice):
@@ -45,6 +46,19 @@ class Source(Choice):
     PUBLISHED = "published"  # a measurement someone published, with its citation
 
 
+class Fit(Choice):
+    """Whether a configuration fits, as every verdict words it (the budget's, the plan's, the figures' colours)."""
+
+    FITS = "fits"  # every GPU, and the host RAM where it is checked
+    GPU_ONLY = "fits the GPUs but not the host RAM"  # every GPU holds it; the host RAM does not
+    NO = "does not fit"  # a GPU does not hold it
+
+    @classmethod
+    def of(cls, fits: bool, gpu_fits: bool = False) -> Fit:
+        """FITS when it fits everywhere checked, else GPU_ONLY when the GPUs hold it, else NO."""
+        return cls.FITS if fits else cls.GPU_ONLY if gpu_fits else cls.NO
+
+
 SOURCES = (Source.ANALYTIC.value, Source.TRACED.value)  # what estimate(source=...) can compute
 
 ALLOCATED = (MemCategory.WEIGHTS, MemCategory.GRADIENTS, MemCategory.MASTER_WEIGHTS, MemCategory.OPTIMIZER_STATE,
@@ -62,7 +76,13 @@ class BudgetResult:
     components: Mapping[MemCategory, int]  # at the peak, with outside-PyTorch and allocator overhead
     host_ram_bytes: int
     capacity_bytes: int
-    notes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what the figures assume, one sentence each (the outside-PyTorch one among them)
+    outside_source: str | None = None  # where the outside-PyTorch figure comes from; None: given by the caller
+
+    @property
+    def outside_note(self) -> str:
+        """The note on the memory outside PyTorch (:func:`outside_note`), as :attr:`notes` holds it."""
+        return outside_note(self.components.get(MemCategory.OUTSIDE_PYTORCH, 0), self.outside_source)
 
     @property
     def parameters(self) -> int:
@@ -113,4 +133,15 @@ class BudgetResult:
             "phases": {p.value: {k.value: v for k, v in comps.items()} for p, comps in self.phases.items()},
             "host_ram_bytes": self.host_ram_bytes, "capacity_bytes": self.capacity_bytes,
             "fits": self.fits, "headroom_bytes": self.headroom_bytes, "notes": list(self.notes),
+            "outside_pytorch_source": self.outside_source,
         }
+
+
+def outside_figure(outside_bytes: int, source: str | None) -> str:
+    """The memory outside PyTorch as the budget states it: the size, and ``(given)`` when the caller gave it."""
+    return format_size(outside_bytes) + (" (given)" if source is None else "")
+
+
+def outside_note(outside_bytes: int, source: str | None) -> str:
+    """The budget's note on the memory outside PyTorch: the figure and where it comes from (``source`` None: given)."""
+    return f"outside PyTorch: {outside_figure(outside_bytes, source)}" + ("" if source is None else f" -- {source}")

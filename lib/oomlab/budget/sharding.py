@@ -2,8 +2,16 @@
 
 A strategy either keeps a category whole on every GPU (a replica), divides it over the data-parallel ranks
 (ZeRO / FSDP sharding: Rajbhandari et al. 2020, sec. 5 -- stage 1 the optimizer state, stage 2 + gradients,
-stage 3 + parameters), or keeps it on the host (offload).  Every per-GPU model-state figure goes through
-:func:`per_gpu`, reading :data:`SHARES`.
+stage 3 + parameters), or keeps it on the host (offload).  Every per-GPU model-state figure reads :data:`SHARES`:
+:func:`per_gpu` divides the totals for the PyTorch strategies (:mod:`.states`); DeepSpeed's budget takes each
+category's cell through :func:`oomlab.budget.deepspeed.zero_shares` and counts the bytes with DeepSpeed's own
+alignment and padding (:mod:`.deepspeed_layout`).
+
+A cell says what one GPU holds in the optimizer step, with the gradients complete.  Moments before it can differ,
+and those are phase rules, kept in the phase modules: ZeRO-1 holds its gradient partition at the step, but without
+``overlap_comm`` it reduces only in backward's epilogue, so every half gradient is alive at the end of autograd's
+backward (``stage_1_and_2.py:2290-2295``; :func:`oomlab.budget.deepspeed.zero_states`); FSDP holds one layer's gathered
+parameters and unsharded gradients inside that layer (:mod:`.fsdp`).
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ _REPLICA = {_W: Share.WHOLE, _G: Share.WHOLE, _M: Share.WHOLE, _O: Share.WHOLE}
 SHARES: dict[Strategy, dict[MemCategory, Share]] = {
     Strategy.SINGLE: _REPLICA,
     Strategy.DDP: _REPLICA,
-    Strategy.ZERO1: {_W: Share.WHOLE, _G: Share.WHOLE, _M: Share.SHARDED, _O: Share.SHARDED},
+    # ZeRO-1's gradients: the partition DeepSpeedZeroOptimizer keeps for the step (averaged_gradients), not a replica
+    Strategy.ZERO1: {_W: Share.WHOLE, _G: Share.SHARDED, _M: Share.SHARDED, _O: Share.SHARDED},
     Strategy.ZERO2: {_W: Share.WHOLE, _G: Share.SHARDED, _M: Share.SHARDED, _O: Share.SHARDED},
     Strategy.FSDP: {_W: Share.SHARDED, _G: Share.SHARDED, _M: Share.SHARDED, _O: Share.SHARDED},
     Strategy.FSDP_OFFLOAD: {_W: Share.HOST, _G: Share.HOST, _M: Share.HOST, _O: Share.HOST},
@@ -46,6 +55,7 @@ SHARES: dict[Strategy, dict[MemCategory, Share]] = {
 
 
 def share(setup: TrainingSetup, category: MemCategory) -> Share:
+    """The setup's strategy's cell for ``category``."""
     return SHARES[setup.strategy][category]
 
 

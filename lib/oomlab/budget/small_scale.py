@@ -11,6 +11,8 @@ Regenerate the committed table with ``python -m oomlab.budget.small_scale > docs
 
 from __future__ import annotations
 
+import platform
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -18,6 +20,7 @@ from typing import Any
 
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.measured import StepMeasurement, measure_steps
+from oomlab.budget.regenerate import doc_main
 from oomlab.budget.result import Phase
 from oomlab.budget.states import ADAM8_MIN_SIZE
 from oomlab.budget.step import library_versions, tiny_setup
@@ -94,7 +97,7 @@ def _trained_tensor_sizes(setup: TrainingSetup) -> list[int]:
     spec = setup.model
     shapes = spec.projection_shapes
     if setup.method is Method.FULL:
-        return [spec.vocab_size * spec.hidden_size, *(a * b for a, b in shapes.values()), spec.hidden_size]
+        return [spec.embedding_params, *(a * b for a, b in shapes.values()), spec.hidden_size]
     chosen = set(setup.lora_targets)
     return [setup.lora_rank * n for name, dims in shapes.items() if name.rsplit(".", 1)[-1] in chosen for n in dims]
 
@@ -173,9 +176,16 @@ def render_small_agreement(rows: Sequence[SmallRow]) -> str:
     return "\n".join(lines)
 
 
-def _main() -> None:  # pragma: no cover - writes the committed document
-    import platform
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m oomlab.budget.small_scale [--help] > docs/small-scale-measured.md``."""
+    return doc_main("oomlab.budget.small_scale",
+                    f"Train the {len(SMALL_CASES)} tiny setups for real on CPU (two steps each), set the analytic "
+                    "budget beside each, and print docs/small-scale-measured.md to stdout (redirect it there). About "
+                    "five minutes on two cores.", (), lambda _: regenerate(), argv)
 
+
+def regenerate() -> int:  # pragma: no cover - prints the committed document
+    """Print ``docs/small-scale-measured.md``."""
     import torch
 
     rows = compute_small_agreement()
@@ -186,6 +196,7 @@ def _main() -> None:  # pragma: no cover - writes the committed document
     print(f"Measured with {', '.join(f'{k} {v}' for k, v in versions.items())}, on {platform.machine()} CPU "
           f"({torch.get_num_threads()} threads); {sum(r.measured.seconds for r in rows):.0f} s in all.")
     print(DOC_FOOTER)
+    return 0
 
 
 def _bnb_version() -> str:
@@ -244,4 +255,4 @@ grow while inputs are freed, but there the optimizer step is the peak.
 
 
 if __name__ == "__main__":  # pragma: no cover
-    _main()
+    sys.exit(main())

@@ -1,5 +1,6 @@
-"""The model states of a training step: parameters, gradients, master weights, optimizer state and the optimizer's
-temporaries -- their totals over the whole model, and (through :mod:`.sharding`) their per-GPU share.
+"""The model states of a training step as PyTorch keeps them: parameters, gradients, optimizer state and the
+optimizer's temporaries -- their totals over the whole model, and (through :mod:`.sharding`) their per-GPU share.
+DeepSpeed's (its fp32 master partition, its flat and per-parameter partitions) are :mod:`.deepspeed`'s.
 
 ZeRO (Rajbhandari et al. 2020, sec. 3.1): mixed-precision Adam keeps 16 bytes per parameter (2 half weights +
 2 half gradients + 12 fp32 master weights, momentum and variance).  QLoRA (Dettmers et al. 2023, sec. 3): NF4 with
@@ -13,10 +14,10 @@ from functools import lru_cache
 
 from oomlab.budget import sharding
 from oomlab.budget.result import MemCategory
-from oomlab.core.choices import Method, Optimizer, Precision, Strategy
+from oomlab.budget.sharding import Share
+from oomlab.core.choices import Method, Optimizer, Precision
 from oomlab.core.models import ModelSpec
 from oomlab.core.setup import TrainingSetup
-from oomlab.core.units import ceil_div
 
 NF4_DQ_BITS = 4.127  # QLoRA paper: NF4 weights, 64-blocks, fp8 second-level absmax (double quantization)
 # bitsandbytes QuantState per quantized weight, besides the 4.127 bits/param (functional.py quantize_4bit, lines
@@ -25,7 +26,6 @@ NF4_DQ_BITS = 4.127  # QLoRA paper: NF4 weights, 64-blocks, fp8 second-level abs
 NF4_STATE_TENSOR_BYTES = 4 * 16 + 4 + 4 * 256
 ADAM8_BLOCK = 256  # bitsandbytes 8-bit optimizers: one fp32 absmax per block of 256 values
 ADAM8_MIN_SIZE = 4096  # bitsandbytes keeps 32-bit state for tensors with fewer elements (min_8bit_size)
-DEEPSPEED_STRATEGIES = tuple(s for s in Strategy if s.deepspeed)  # zero1/2/3 and their offloads
 MIXED = (Precision.FP16_MIXED, Precision.BF16_MIXED)
 
 
@@ -52,10 +52,10 @@ def quantized_parameters(setup: TrainingSetup) -> int:
 
 
 def half_weights(setup: TrainingSetup) -> bool:
-    """Are the (base) weights stored in half precision?"""
+    """Are the (base) weights stored in half precision?  (DeepSpeed casts every parameter to half in place.)"""
     if setup.precision in (Precision.FP16, Precision.BF16):
         return True
-    return setup.precision in MIXED and (setup.method is not Method.FULL or setup.strategy in DEEPSPEED_STRATEGIES)
+    return setup.precision in MIXED and (setup.method is not Method.FULL or setup.strategy.deepspeed)
 
 
 def param_bytes(setup: TrainingSetup) -> int:
@@ -95,18 +95,11 @@ def gradient_bytes_total(setup: TrainingSetup) -> int:
     return grad_bytes_per_param(setup) * trainable_parameters(setup)
 
 
-def master_weight_bytes_total(setup: TrainingSetup) -> int:
-    """DeepSpeed-style mixed precision keeps fp32 master weights beside the half ones (ZeRO: 4 B/param)."""
-    deepspeed = setup.strategy in DEEPSPEED_STRATEGIES
-    if not (deepspeed and setup.precision in MIXED and setup.method is Method.FULL):
-        return 0
-    return 4 * trainable_parameters(setup)
-
-
 def optimizer_state_bytes_total(setup: TrainingSetup) -> int:
-    """Optimizer state of every trained parameter, unsharded."""
+    """Optimizer state of every trained parameter, unsharded, as torch's optimizers keep it (like the parameter;
+    DeepSpeed's fp32 partitions are :mod:`oomlab.budget.deepspeed`'s)."""
     p = trainable_parameters(setup)
-    state_dtype = 4 if setup.strategy in DEEPSPEED_STRATEGIES else grad_bytes_per_param(setup)
+    state_dtype = grad_bytes_per_param(setup)
     if setup.optimizer.adam:
         return 2 * state_dtype * p  # exp_avg, exp_avg_sq like the parameter
     if setup.optimizer is Optimizer.SGD:
@@ -140,30 +133,27 @@ def gradients_on_gpu(setup: TrainingSetup) -> int:
     return sharding.per_gpu(setup, MemCategory.GRADIENTS, gradient_bytes_total(setup))
 
 
-def master_weights_on_gpu(setup: TrainingSetup) -> int:
-    return sharding.per_gpu(setup, MemCategory.MASTER_WEIGHTS, master_weight_bytes_total(setup))
-
-
 def optimizer_on_gpu(setup: TrainingSetup) -> int:
     return sharding.per_gpu(setup, MemCategory.OPTIMIZER_STATE, optimizer_state_bytes_total(setup))
 
 
+def host_bytes_total(setup: TrainingSetup) -> int:
+    """The offloaded model states, unsharded: every category :mod:`.sharding` keeps on the host."""
+    totals = {MemCategory.WEIGHTS: weight_bytes_total(setup) + nf4_state_fixed_bytes(setup),
+              MemCategory.GRADIENTS: gradient_bytes_total(setup),
+              MemCategory.OPTIMIZER_STATE: optimizer_state_bytes_total(setup)}
+    return sum(total for category, total in totals.items() if sharding.share(setup, category) is Share.HOST)
+
+
 def optimizer_temp_bytes(setup: TrainingSetup) -> int:
-    """Temporaries of the optimizer step.
+    """Temporaries of torch's optimizer step (DeepSpeed's, with its alignment and sub-groups, are
+    :mod:`oomlab.budget.deepspeed`'s).
 
     torch's foreach AdamW: ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``, one state-sized
-    temporary.  DeepSpeed: its optimizers update in place, but ``step()`` first flattens this rank's half gradient
-    partition and converts it to fp32 (``flatten(...)`` then ``.to(fp32)``, stage_1_and_2.py:3113-3118; ZeRO-3 per
-    sub-group, stage3.py:2683-2700): 2 + 4 bytes per parameter / data-parallel degree (the exact per-rank figure,
-    with DeepSpeed's alignment and sub-groups, is :mod:`oomlab.budget.deepspeed`'s).
-    torch's fused AdamW (``fused=True``, what Trainer's default ``adamw_torch_fused`` builds) updates every
+    temporary.  torch's fused AdamW (``fused=True``, what Trainer's default ``adamw_torch_fused`` builds) updates every
     tensor in one kernel and keeps no temporary.
     NB: SGD and the 8-bit optimizer update in place; offloaded states step on the host.
     """
-    if setup.strategy in DEEPSPEED_STRATEGIES:
-        if setup.strategy.offloads_optimizer:
-            return 0
-        return ceil_div(6 * trainable_parameters(setup), setup.world_size)
-    if setup.optimizer is not Optimizer.ADAMW or setup.strategy.offloads:
+    if setup.optimizer is not Optimizer.ADAMW or sharding.share(setup, MemCategory.OPTIMIZER_STATE) is Share.HOST:
         return 0
     return optimizer_on_gpu(setup) // 2

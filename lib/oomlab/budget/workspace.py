@@ -4,6 +4,8 @@ tensors, the gradient temporaries of a recomputed layer and QLoRA's dequantized 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from oomlab.budget import activations as act
 from oomlab.budget.states import grad_bytes_per_param, trainable_parameters
 from oomlab.core.choices import Method, Precision, Strategy
@@ -17,16 +19,21 @@ def ddp_bucket_bytes(setup: TrainingSetup) -> int:
     return grad_bytes_per_param(setup) * trainable_parameters(setup)
 
 
-def logits_bytes(setup: TrainingSetup) -> dict[str, int]:
+@dataclass(frozen=True)
+class LogitsBytes:
     """The (tokens x vocab) tensors of the LM head and the loss (transformers' ForCausalLMLoss)."""
+
+    logits: int  # lm_head output, held by the model output
+    fp32_copy: int  # logits.float() inside the loss (none when the logits are fp32 already)
+    log_softmax: int  # saved by cross_entropy for backward
+    grad: int  # d loss / d log_softmax and d log_softmax / d logits, one at a time
+
+
+def logits_bytes(setup: TrainingSetup) -> LogitsBytes:
+    """The setup's :class:`LogitsBytes`."""
     tv = act.tokens(setup) * setup.model.vocab_size
     c = 4 if setup.precision is Precision.FP32 else 2
-    return {
-        "logits": c * tv,  # lm_head output, held by the model output
-        "fp32 copy": 0 if c == 4 else 4 * tv,  # logits.float() inside the loss
-        "log_softmax": 4 * tv,  # saved by cross_entropy for backward
-        "grad": 4 * tv,  # d loss / d log_softmax and d log_softmax / d logits, one at a time
-    }
+    return LogitsBytes(logits=c * tv, fp32_copy=0 if c == 4 else 4 * tv, log_softmax=4 * tv, grad=4 * tv)
 
 
 def recompute_gradient_bytes(setup: TrainingSetup) -> int:

@@ -187,3 +187,8 @@ def choice(kind: type[enum.Enum], value: Any, label: str) -> Any:
         return kind(str(value).strip().lower())
     except ValueError as err:
         raise UnknownNameError(label, value, [m.value for m in kind]) from err
+
+
+def plain(value: Any) -> Any:
+    """``value`` as output writes it (JSON, tables): a choice (any enum member) as its name, anything else as is."""
+    return value.value if isinstance(value, enum.Enum) else value

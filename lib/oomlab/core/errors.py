@@ -31,6 +31,14 @@ class InvalidValueError(OomlabError):
     """A value of the right kind but outside what is accepted (a negative size, say)."""
 
 
+class LaunchFileError(InvalidValueError):
+    """A launch file that cannot be read: missing, malformed (with the line), or not a mapping."""
+
+
+class LaunchConflictError(InvalidValueError):
+    """Two of the user's files or flags say different things about the same field."""
+
+
 class NotAnOomMessageError(OomlabError):
     """The input holds no CUDA out-of-memory message of PyTorch's caching allocator."""
 

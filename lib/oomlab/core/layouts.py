@@ -115,14 +115,21 @@ def head_dim_of(cfg: Any) -> int:
 
 
 def kv_heads_of(cfg: Any) -> int:
+    """Key (and value) heads as the family's attention builds them: the GQA groups (every head without GQA); Falcon's
+    ``num_kv_heads``, but one shared head under multi-query in the old architecture (modeling_falcon.py
+    ``FalconAttention.__init__``)."""
+    if cfg.model_type == Family.FALCON.value:
+        return int(cfg.num_kv_heads) if cfg.new_decoder_architecture or not cfg.multi_query else 1
     return int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
 
 
 def q_dim_of(cfg: Any) -> int:
-    return cfg.num_attention_heads * head_dim_of(cfg)
+    """Width of the query projection's output: heads x head dimension."""
+    return int(cfg.num_attention_heads) * head_dim_of(cfg)
 
 
 def kv_dim_of(cfg: Any) -> int:
+    """Width of the key (and value) projection's output: KV heads x head dimension (Falcon's multi-query: one head)."""
     return kv_heads_of(cfg) * head_dim_of(cfg)
 
 
@@ -186,7 +193,8 @@ def layer_layout(family: Family, cfg: Any, index: int) -> LayerLayout:
         if cfg.qk_layernorm:
             norms += q_dim_of(cfg) + kv_dim_of(cfg)  # per-head LayerNorms without bias
         return _layout({**_attention(cfg, bool(cfg.use_qkv_bias), False), **_swiglu(h, i)}, norms)
-    # Falcon (modeling_falcon.py FalconAttention / FalconDecoderLayer)
+    # Falcon (modeling_falcon.py FalconAttention / FalconDecoderLayer); the fused projection's width is
+    # q_dim_of + 2 kv_dim_of (FalconAttention refuses h != heads x hd; tests/core/test_models.py checks it)
     if cfg.new_decoder_architecture:
         qkv = (2 * cfg.num_kv_heads + cfg.num_attention_heads) * hd
     elif cfg.multi_query:

@@ -24,14 +24,13 @@ from types import MappingProxyType
 from typing import Any
 
 from oomlab.core.errors import InvalidValueError, UnknownNameError
-from oomlab.core.layouts import (  # noqa: F401  (ALL_LINEAR, PROJECTIONS, Projection: re-exported)
+from oomlab.core.layouts import (  # noqa: F401  (ALL_LINEAR, PROJECTIONS: re-exported)
     ALL_LINEAR,
     FAMILY_NAMES,
     LAYERNORM_FAMILIES,
     PROJECTIONS,
     Family,
     LayerLayout,
-    Projection,
     head_dim_of,
     kv_dim_of,
     kv_heads_of,
@@ -39,6 +38,7 @@ from oomlab.core.layouts import (  # noqa: F401  (ALL_LINEAR, PROJECTIONS, Proje
     q_dim_of,
 )
 from oomlab.core.paths import MODEL_SPECS_DIR
+from oomlab.core.quiet import quiet_libraries
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,14 @@ class ModelSpec:
 
     @cached_property
     def q_dim(self) -> int:
-        """Width of the query projection's output: heads x head dimension."""
-        return self.num_attention_heads * self.head_dim
+        """Width of the query projection's output: heads x head dimension (:func:`oomlab.core.layouts.q_dim_of`)."""
+        return q_dim_of(self.resolved)
 
     @cached_property
     def kv_dim(self) -> int:
-        """Width of the key (and value) projection's output: KV heads x head dimension."""
-        return self.num_key_value_heads * self.head_dim
+        """Width of the key (and value) projection's output: KV heads x head dimension, Falcon's multi-query one head
+        (:func:`oomlab.core.layouts.kv_dim_of`)."""
+        return kv_dim_of(self.resolved)
 
     @cached_property
     def sliding_window(self) -> int | None:
@@ -291,8 +292,6 @@ def config_object(model_type: str, raw: Mapping[str, Any]) -> Any:
     ``auto_map`` left out), transformers' chatter silenced."""
     from transformers import AutoConfig
 
-    from oomlab.core.quiet import quiet_libraries
-
     fields = {k: v for k, v in raw.items() if not k.startswith("_") and k not in _NOT_CONFIG_FIELDS}
     for legacy, key in _LEGACY_KEYS.get(model_type, {}).items():
         if legacy in fields:
@@ -364,11 +363,10 @@ def _model_from_dict(name: str, raw: dict[str, Any], source: str) -> ModelSpec:
         raise InvalidValueError(f"model config {source!r} is refused by transformers' {family.value} config class: "
                                 f"{detail}") from err
     intermediate = getattr(cfg, "intermediate_size", None) or cfg.ffn_hidden_size  # Falcon: ffn_hidden_size
-    multi_query = family is Family.FALCON and cfg.multi_query and not cfg.new_decoder_architecture
     spec = ModelSpec(
         name=name, model_type=family.value, hidden_size=int(cfg.hidden_size), intermediate_size=int(intermediate),
         num_hidden_layers=int(cfg.num_hidden_layers), num_attention_heads=int(cfg.num_attention_heads),
-        num_key_value_heads=1 if multi_query else int(getattr(cfg, "num_kv_heads", None) or kv_heads_of(cfg)),
+        num_key_value_heads=kv_heads_of(cfg),
         vocab_size=int(cfg.vocab_size), max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
         tie_word_embeddings=bool(cfg.tie_word_embeddings), source=str(raw.get("_source", source)),
         config=MappingProxyType(dict(raw)),

@@ -2,7 +2,8 @@
 
 Each price is one row of a provider's catalog snapshot (SkyPilot's catalog CSVs, commit in ``source``), with its
 date as far as it is known: a list price, not a quote. ``usd_per_gpu_hour`` is the instance price split evenly over
-its GPUs.  A user's own table has the same shape: ``{"instances": [{"provider", "instance", "gpu",
+its GPUs; :func:`row_price` prices a row of hardware (GPUs per node x nodes) from the table.  A user's own table
+has the same shape: ``{"instances": [{"provider", "instance", "gpu",
 "gpus_per_instance", "usd_per_hour", ...}, ...]}``.
 """
 
@@ -47,6 +48,17 @@ class InstancePrice:
     def label(self) -> str:
         return f"{self.provider} {self.instance}"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The instance as a price table lists it (:meth:`from_dict` reads it back)."""
+        return {"provider": self.provider, "instance": self.instance, "gpu": self.gpu,
+                "gpus_per_instance": self.gpus_per_instance, "usd_per_hour": self.usd_per_hour, "region": self.region,
+                "host_ram_bytes": self.host_ram_bytes, "source": self.source, "date": self.date}
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "a results JSON") -> InstancePrice:
+        """An instance from its :meth:`to_dict` (or a price table's row), checked as a table's rows are."""
+        return _instance(raw, where, 0)
+
 
 @dataclass(frozen=True)
 class PriceTable:
@@ -88,6 +100,42 @@ def _instance(raw: Any, where: str, index: int) -> InstancePrice:
         host_ram_bytes=int(host) if isinstance(host, int | float) and host > 0 else None,
         source=str(raw.get("source", where)), date=str(raw.get("date", "undated")),
     )
+
+
+@dataclass(frozen=True)
+class RowPrice:
+    """What one row of hardware (``gpus`` x ``gpu`` per node, ``nodes`` nodes) costs per hour, and from which listed
+    instance."""
+
+    usd_per_hour: float  # every GPU of the row together
+    instance: InstancePrice
+    basis: str  # how the price was made from the listed instance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"usd_per_hour": self.usd_per_hour, "instance": self.instance.to_dict(), "basis": self.basis}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RowPrice:
+        """The inverse of :meth:`to_dict`."""
+        return cls(float(raw["usd_per_hour"]), InstancePrice.from_dict(raw["instance"]), str(raw["basis"]))
+
+
+def row_price(table: PriceTable, gpu: str, gpus: int, nodes: int) -> RowPrice | None:
+    """The row's $/hour: the cheapest listed instance with exactly ``gpus`` GPUs, once per node; else ``gpus`` x
+    ``nodes`` GPU-hours at the cheapest listed $/GPU-hour (None when the table lists no instance with this GPU)."""
+    exact = [i for i in table.for_gpu(gpu) if i.gpus_per_instance == gpus]
+    times = f"{nodes} × " if nodes > 1 else ""
+    if exact:
+        inst = min(exact, key=lambda i: (i.usd_per_hour, i.label))
+        return RowPrice(nodes * inst.usd_per_hour, inst,
+                        f"{times}{inst.label} at ${inst.usd_per_hour:.2f}/h (list price, {inst.date})")
+    inst = table.cheapest_per_gpu_hour(gpu)
+    if inst is None:
+        return None
+    n = gpus * nodes
+    return RowPrice(n * inst.usd_per_gpu_hour, inst,
+                    f"{n} GPU-hours at ${inst.usd_per_gpu_hour:.2f} ({inst.label}, {inst.gpus_per_instance} GPUs; "
+                    f"no {gpus}-GPU instance listed; list price, {inst.date})")
 
 
 def load_prices(path: str | os.PathLike[str] | None = None) -> PriceTable:

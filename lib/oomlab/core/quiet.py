@@ -1,5 +1,6 @@
-"""One way to silence third-party chatter while oomlab builds models: transformers' logger and progress bars,
-its FutureWarnings, and accelerate's "device is not available" notices (there is no GPU here, by design)."""
+"""One module for silencing third-party chatter while oomlab builds models: transformers' logger and progress bars,
+its FutureWarnings, and accelerate's "device is not available" notices (there is no GPU here, by design)
+(:func:`quiet_libraries`); every log record up to WARNING, for loggers created mid-call (:func:`no_warning_logs`)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,19 @@ def quiet_libraries() -> Iterator[None]:
         if bars:
             hf_logging.enable_progress_bar()
         accelerate_log.setLevel(level)
+
+
+@contextlib.contextmanager
+def no_warning_logs() -> Iterator[None]:
+    """No log records up to WARNING from any logger, for the duration only (``logging.disable``).
+
+    For a logger that does not exist yet when the block starts, so that raising its level beforehand does not hold:
+    DeepSpeed's (if installed) is created with level WARNING when transformers first imports it, inside a quantized
+    load, and logs its accelerator choice to stdout.
+    """
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)

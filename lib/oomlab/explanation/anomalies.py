@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from oomlab.core.gpus import GPUSpec
+from oomlab.core.size_ranges import format_interval
 from oomlab.core.units import GiB, MiB, format_size
 from oomlab.explanation.backend import Backend, backend_terms
 from oomlab.explanation.message import OomMessage
-from oomlab.explanation.printed import format_interval
 from oomlab.explanation.processes import ProcessAccount
 from oomlab.explanation.request import is_segment_interval
 
@@ -33,7 +33,7 @@ class Anomaly:
     text: str  # one or two plain sentences
 
 
-def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: Any,
+def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPUSpec | None,
                    account: ProcessAccount | None = None) -> list[Anomaly]:
     """The remarks on ``msg``: every backend's (cut, unreadable, retyped, repeated), then its own backend's."""
     out: list[Anomaly] = []
@@ -63,7 +63,7 @@ def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: Any,
     return out
 
 
-def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: Any,
+def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPUSpec | None,
                       account: ProcessAccount | None) -> list[Anomaly]:
     """The caching allocators' (CUDA, HIP, XPU) remarks."""
     out: list[Anomaly] = []
@@ -114,8 +114,7 @@ def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: Any
                            "system memory, or the message was edited)."))
     elif outside is not None and outside[0] > OUTSIDE_FLAG_BYTES:
         text = (f"{format_interval(outside)} of the GPU is held outside this process's PyTorch allocator, far above "
-                f"{terms.context} with its {terms.handles} ({format_size(CUDA_CONTEXT_BYTES[0])}–"
-                f"{format_size(CUDA_CONTEXT_BYTES[1])}).")
+                f"{terms.context} with its {terms.handles} ({format_interval(CUDA_CONTEXT_BYTES)}).")
         text += (" Usually that is another process on the GPU, or in a multi-GPU job every rank initialising "
                  f"{'HIP' if msg.backend is Backend.HIP else 'CUDA'} (or putting tensors) on GPU 0 before calling "
                  "torch.cuda.set_device(local_rank).")

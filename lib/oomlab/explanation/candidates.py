@@ -13,7 +13,7 @@ from oomlab.core.units import format_size
 from oomlab.explanation.message import OomMessage
 from oomlab.explanation.printed import PrintedSize
 from oomlab.explanation.request import segment_bytes
-from oomlab.reproduction.walk import unlimited_walk
+from oomlab.reproduction.walk import TensorKind, unlimited_walk
 
 # Candidate storage types: (name, bits per element).  NB: 4-bit is bitsandbytes' packed uint8 (2 per byte).
 CANDIDATE_DTYPES: tuple[tuple[str, float], ...] = (
@@ -28,7 +28,7 @@ class Candidate:
     rank: int  # 1 = best supported
     shape: tuple[int, ...]
     dtype: str  # "float16", "int8", "4-bit", or the buffer's own dtype
-    kind: str  # "parameter" or "buffer"
+    kind: TensorKind
     tensor_bytes: int
     segment_bytes: int  # get_allocation_size(round_size(tensor_bytes))
     count: int  # tensors of this shape in the model
@@ -90,11 +90,11 @@ def tensor_candidates(
     spec = load_model(model)
     steps = unlimited_walk(spec.name, "float16")
     low, high = msg.tried.low_bytes, msg.tried.high_bytes
-    groups: dict[tuple[tuple[int, ...], str, str], list[Any]] = {}
+    groups: dict[tuple[tuple[int, ...], str, TensorKind], list[Any]] = {}
     for step in steps:
         numel = math.prod(step.shape)
         options = ([(name, math.ceil(numel * bits / 8)) for name, bits in CANDIDATE_DTYPES]
-                   if step.kind == "parameter" else [(step.dtype, step.nbytes)])
+                   if step.kind is TensorKind.PARAMETER else [(step.dtype, step.nbytes)])
         for dt, nbytes in options:
             if nbytes and low <= segment_bytes(nbytes) <= high:
                 groups.setdefault((step.shape, dt, step.kind), []).append((step.name, nbytes))
@@ -115,7 +115,7 @@ def tensor_candidates(
             evidence.append("the GPU has no native bfloat16 (same bytes as float16: the sizes cannot tell them apart)")
         elif dt in ("float16", "bfloat16"):
             evidence.append("float16 and bfloat16 have the same size: the message cannot tell them apart")
-        if kind == "parameter":
+        if kind is TensorKind.PARAMETER:
             score += 1
         names = tuple(n for n, _ in members)
         layers = tuple(sorted({lay for lay in map(_layer_of, names) if lay is not None}))

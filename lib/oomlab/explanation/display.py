@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from oomlab.core.size_ranges import format_interval
 from oomlab.explanation.explain import Explanation
-from oomlab.explanation.printed import PrintedSize, format_interval
+from oomlab.explanation.printed import PrintedSize
 
 
 def _figure(size: PrintedSize) -> str:
@@ -13,7 +14,8 @@ def _figure(size: PrintedSize) -> str:
 def render_explanation(e: Explanation) -> str:
     """Plain text for the terminal: the figures, then the verdict."""
     m = e.message
-    rows = [("backend", m.backend.value if m.backend else "unnamed"), ("format", m.format or "unknown"),
+    rows = [("backend", m.backend.value if m.backend else "unnamed"),
+            ("format", m.format.value if m.format else "unknown"),
             ("device", "-" if m.device_index is None else f"GPU {m.device_index}")]
     mps = m.mps
     for label, size in (("tried to allocate", m.tried), ("total capacity", m.total), ("free", m.free),

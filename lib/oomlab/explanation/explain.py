@@ -40,7 +40,7 @@ from oomlab.explanation.findings import Findings
 from oomlab.explanation.frames import parse_traceback
 from oomlab.explanation.message import OomMessage, parse_oom_message
 from oomlab.explanation.next_step import next_step
-from oomlab.explanation.phase import detect_phase
+from oomlab.explanation.phase import PhaseCode, detect_phase
 from oomlab.explanation.printed import PrintedSize, interval_sub
 from oomlab.explanation.processes import account_processes
 from oomlab.explanation.request import request_range
@@ -126,7 +126,7 @@ def explain(
     candidates: tuple[Candidate, ...] = ()
     if spec is not None and caching:
         candidates = tensor_candidates(msg, spec.name, dt, bf16)
-        if phase is not None and phase.code == "move":
+        if phase is not None and phase.code is PhaseCode.MOVE:
             replay = [dt] if dt else [c.dtype for c in candidates if c.dtype in ("float32", "float16", "bfloat16")]
             tried_dtypes = list(dict.fromkeys(replay or ["float16", "bfloat16", "float32"]))
             positions = [p for p in (walk_position(msg, spec.name, d, outside) for d in tried_dtypes) if p]

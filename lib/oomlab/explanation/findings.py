@@ -44,8 +44,8 @@ class Findings:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: every figure in bytes with its ``*_interval`` ([low, high], inclusive)."""
         m = self.message
-        data: dict[str, Any] = {"format": m.format, "backend": m.backend.value if m.backend else None,
-                                "device_index": m.device_index}
+        data: dict[str, Any] = {"format": m.format.value if m.format else None,
+                                "backend": m.backend.value if m.backend else None, "device_index": m.device_index}
 
         def put(key: str, size: PrintedSize | None) -> None:
             data[f"{key}_bytes"] = None if size is None else size.value_bytes
@@ -94,10 +94,9 @@ class Findings:
         data["model"], data["gpu"], data["dtype"], data["gpus"] = self.model, self.gpu, self.dtype, self.gpus
         data["gpu_matches"] = list(self.gpu_matches)
         data["candidates"] = [
-            {"rank": c.rank, "shape": list(c.shape), "dtype": c.dtype, "kind": c.kind, "tensor_bytes": c.tensor_bytes,
-             "segment_bytes": c.segment_bytes, "count": c.count, "names": list(c.names), "roles": list(c.roles),
-             "layers": list(c.layers),
-             "evidence": list(c.evidence)}
+            {"rank": c.rank, "shape": list(c.shape), "dtype": c.dtype, "kind": c.kind.value,
+             "tensor_bytes": c.tensor_bytes, "segment_bytes": c.segment_bytes, "count": c.count,
+             "names": list(c.names), "roles": list(c.roles), "layers": list(c.layers), "evidence": list(c.evidence)}
             for c in self.candidates
         ]
         w = self.walk
@@ -112,7 +111,7 @@ class Findings:
             "also_matching": w.also_matching,
         }
         data["phase"] = None if self.phase is None else {
-            "code": self.phase.code, "text": self.phase.text, "evidence": list(self.phase.evidence)}
+            "code": self.phase.code.value, "text": self.phase.text, "evidence": list(self.phase.evidence)}
         data["torch_versions"] = list(self.torch_versions)
         data["torch_version_evidence"] = [f"module.py:{line} {anchor}" for anchor, line in self.version_observations]
         data["occurrences"] = m.occurrences

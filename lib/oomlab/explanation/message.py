@@ -49,9 +49,6 @@ MAX_SCAN_CHARS = 4_000_000  # longer inputs: only the tail is scanned
 WINDOW_CHARS = 3_000  # one message (with its hint) is < 1,000 characters
 MAX_MESSAGES = 64  # at most this many occurrences are decoded; the best one is kept
 
-FORMAT_OLD = MessageFormat.OLD.value
-FORMAT_NEW = MessageFormat.NEW.value
-
 _SIZE = r"(\d{1,30}(?:\.\d{1,12})?)\s{0,3}(bytes|byte|[KMGT]i?B|B)\b"
 # A figure's value where its label stands, whatever it is: one token, perhaps with a unit.
 _RAW = r"([^\s;()]{1,40}(?:\s{1,3}(?:[KMGT]i?B|bytes?|B)\b)?)"
@@ -169,7 +166,7 @@ class HostError:
 class OomMessage:
     """The figures of one out-of-memory message; a figure the message lacks is ``None`` and named in ``missing``."""
 
-    format: str | None  # FORMAT_OLD, FORMAT_NEW, or None (MPS, CPU, or cut off before the format shows)
+    format: MessageFormat | None  # OLD, NEW, or None (MPS, CPU, or cut off before the format shows)
     backend: Backend | None  # None for the newest builds' plain "Out of memory"
     device_index: int | None
     tried: PrintedSize | None  # caching allocators: the segment asked of the device; MPS: the heap buffer; CPU: exact
@@ -277,31 +274,31 @@ def _decode_caching(text: str, backend: Backend | None, body: str) -> OomMessage
             if stub and not (_TRIED_PREFIX.startswith(stub) or stub.startswith((_TRIED_PREFIX, _TRIED_PREFIX[2:]))):
                 return None  # "CUDA out of memory" in a sentence, not an allocator message
     if rest.lstrip().startswith("(") or _OLD_MARKERS.search(rest):
-        fmt: str | None = FORMAT_OLD
+        fmt: MessageFormat | None = MessageFormat.OLD
     elif rest.startswith(".") or _NEW_MARKERS.search(rest):
-        fmt = FORMAT_NEW
+        fmt = MessageFormat.NEW
     else:
         fmt = None
     found: dict[str, PrintedSize] = {}
     device: int | None = None
     processes: tuple[ProcessMemory, ...] = ()
     if fmt is not None:
-        old = fmt == FORMAT_OLD
+        old = fmt is MessageFormat.OLD
         found, more = _fields(rest, _FIELDS_OLD if old else _FIELDS_NEW, _RAW_OLD if old else _RAW_NEW)
         unreadable += more
         m = (_DEVICE_OLD if old else _DEVICE_NEW).search(rest)
         device = int(m.group(1)) if m else None
         if not old:
             processes = tuple(ProcessMemory(int(m.group(1)), _size_from(m, 2)) for m in _PROCESS.finditer(rest))
-    if fmt == FORMAT_OLD:
+    if fmt is MessageFormat.OLD:
         expected = XPU_OLD_FIELDS if backend is Backend.XPU else OLD_FIELDS
-    elif fmt == FORMAT_NEW:
+    elif fmt is MessageFormat.NEW:
         expected = NEW_FIELDS
     else:  # nothing after the request tells the format: the rest is cut off (an unreadable request is not)
         expected = () if unreadable else ("tried", "format")
     have = (set(found) | ({"tried"} if tried else set()) | ({"device"} if device is not None else set())
             | {u.name for u in unreadable})
-    if fmt == FORMAT_OLD and "reserved_unallocated" in found:
+    if fmt is MessageFormat.OLD and "reserved_unallocated" in found:
         have.add("reserved")  # the pre-1.5 "cached" figure stands in for it
     hint = ("expandable_segments" if "expandable_segments" in rest
             else "max_split_size_mb" if "max_split_size_mb" in rest else None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from oomlab.core.choices import Method, Precision
+from oomlab.core.choices import Choice, Method, Precision
 from oomlab.explanation.backend import Backend
 from oomlab.explanation.findings import Findings
 
@@ -31,14 +31,19 @@ PLACEHOLDER_METHOD = "<" + "|".join(m.value for m in Method) + ">"
 # pipeline's parameters pair them (dtype float16 with precision fp16-mixed).
 PRECISION_OF_DTYPE = {"float32": Precision.FP32, "float16": Precision.FP16_MIXED, "bfloat16": Precision.BF16_MIXED}
 
-_BUDGET_PHASES = ("forward", "backward", "optimizer")
+
+class Subcommand(Choice):
+    """The oomlab subcommand a verdict points to (its value is the command-line name)."""
+
+    PLAN = "plan"  # every remedy, budgeted and ranked: the failure came before training (or on the host)
+    BUDGET = "budget"  # one training step's memory by component: the failure came inside the step
 
 
 @dataclass(frozen=True)
 class NextStep:
     """The oomlab command that takes the failure further, and what is left for the user to fill in."""
 
-    subcommand: str  # "plan" or "budget"
+    subcommand: Subcommand
     command: str  # the whole command line, placeholders included
     answers: str  # what running it tells
     unknown: tuple[str, ...]  # the options left as placeholders, each with why
@@ -73,9 +78,9 @@ def _precision(e: Findings) -> Precision | None:
 
 def next_step(e: Findings) -> NextStep:
     """The ``plan`` or ``budget`` command for the failure's phase and model, prefilled from the findings."""
-    phase = e.phase.code if e.phase is not None else None
     host = e.message.backend is Backend.CPU
-    subcommand = "budget" if phase in _BUDGET_PHASES and not host else "plan"
+    in_step = e.phase is not None and e.phase.code.in_step
+    subcommand = Subcommand.BUDGET if in_step and not host else Subcommand.PLAN
     unknown: list[str] = []
     model = shlex.quote(e.model) if e.model is not None else PLACEHOLDER_MODEL
     if e.model is None:
@@ -86,8 +91,8 @@ def next_step(e: Findings) -> NextStep:
     if e.gpus is None:
         unknown.append("--gpus: the message names one GPU, not how many the job has")
     gpus = str(e.gpus) if e.gpus is not None else PLACEHOLDER_GPUS
-    parts = ["python -m oomlab", subcommand, "--model", model, "--gpu", gpu, "--gpus", gpus]
-    if subcommand == "budget":
+    parts = ["python -m oomlab", subcommand.value, "--model", model, "--gpu", gpu, "--gpus", gpus]
+    if subcommand is Subcommand.BUDGET:
         parts += ["--method", PLACEHOLDER_METHOD]
         unknown.append("--method: full fine-tuning, LoRA or QLoRA is not in the message")
     if host:
@@ -97,7 +102,7 @@ def next_step(e: Findings) -> NextStep:
     if precision is not None:
         parts += ["--precision", precision.value]
     answers = ("the per-GPU memory of one training step, component by component: which part outgrew the GPU"
-               if subcommand == "budget" else
+               if subcommand is Subcommand.BUDGET else
                "every remedy for training this model on these GPUs, budgeted and ranked, with launch files")
     return NextStep(subcommand, " ".join(parts), answers, tuple(unknown))
 

@@ -5,24 +5,45 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from oomlab.core.choices import Choice
 from oomlab.explanation.frames import Frame
 from oomlab.explanation.torch_versions import is_module_py
+
+
+class PhaseCode(Choice):
+    """What the traceback shows the program doing when it ran out of memory.
+
+    The training-step members are budget's ``Phase`` (``oomlab.budget.result.Phase``: same names, same values; a
+    test keeps them so); the explanation comes before the budget, so it names them without importing it.
+    """
+
+    MOVE = "move"  # Module.to / .cuda() → _apply → convert: moving the model, not training it
+    LOAD = "load"  # load_state_dict, from_pretrained's loaders, accelerate's dispatch
+    FORWARD = "forward"  # the forward pass
+    BACKWARD = "backward"  # autograd's backward
+    OPTIMIZER = "optimizer"  # the optimizer step
+
+    @property
+    def in_step(self) -> bool:
+        """A phase of a training step (forward, backward, the optimizer step): one the budget breaks down."""
+        return self in (PhaseCode.FORWARD, PhaseCode.BACKWARD, PhaseCode.OPTIMIZER)
 
 
 @dataclass(frozen=True)
 class TracebackPhase:
     """What the program was doing, from the traceback's frames."""
 
-    code: str  # "move", "load", "forward", "backward", "optimizer"
+    code: PhaseCode
     text: str
     evidence: tuple[str, ...]  # the frames that show it
 
+
 _PHASES = {
-    "move": "moving the model to the GPU (Module.to → _apply → convert), not training it",
-    "load": "loading weights onto the GPU",
-    "forward": "the forward pass",
-    "backward": "the backward pass (autograd)",
-    "optimizer": "the optimizer step",
+    PhaseCode.MOVE: "moving the model to the GPU (Module.to → _apply → convert), not training it",
+    PhaseCode.LOAD: "loading weights onto the GPU",
+    PhaseCode.FORWARD: "the forward pass",
+    PhaseCode.BACKWARD: "the backward pass (autograd)",
+    PhaseCode.OPTIMIZER: "the optimizer step",
 }
 
 _LOAD_FUNCS = {"load_state_dict", "_load_state_dict_into_meta_model", "set_module_tensor_to_device",
@@ -33,28 +54,28 @@ _FORWARD_FUNCS = {"forward", "_call_impl", "_wrapped_call_impl", "generate", "__
 _BACKWARD_FUNCS = {"backward", "run_backward", "_engine_run_backward", "grad"}
 
 _CODE_HINTS = (
-    (re.compile(r"\.backward\(|run_backward\(|autograd\.grad\("), "backward"),
-    (re.compile(r"(?:optimizer|optim|opt)\w{0,20}\.step\("), "optimizer"),
-    (re.compile(r"\bmodel\w{0,20}\.(?:to|cuda)\("), "move"),
+    (re.compile(r"\.backward\(|run_backward\(|autograd\.grad\("), PhaseCode.BACKWARD),
+    (re.compile(r"(?:optimizer|optim|opt)\w{0,20}\.step\("), PhaseCode.OPTIMIZER),
+    (re.compile(r"\bmodel\w{0,20}\.(?:to|cuda)\("), PhaseCode.MOVE),
 )
 
 
-def _frame_phase(f: Frame) -> str | None:
+def _frame_phase(f: Frame) -> PhaseCode | None:
     path = f.file.replace("\\", "/")
     if is_module_py(path) and f.function in {"_apply", "convert", "to", "cuda", "half", "float", "bfloat16"}:
-        return "move"
+        return PhaseCode.MOVE
     if f.function in _LOAD_FUNCS or (path.endswith("torch/serialization.py") and f.function == "load"):
-        return "load"
+        return PhaseCode.LOAD
     if "/torch/optim/" in path or f.function in {"_multi_tensor_adam", "_multi_tensor_adamw", "_single_tensor_adam",
                                                  "_single_tensor_adamw", "_init_group"}:
-        return "optimizer"
+        return PhaseCode.OPTIMIZER
     if f.function in _BACKWARD_FUNCS or "/torch/autograd/" in path:
-        return "backward"
+        return PhaseCode.BACKWARD
     for pattern, phase in _CODE_HINTS:
         if pattern.search(f.code):
             return phase
     if f.function in _FORWARD_FUNCS:
-        return "forward"
+        return PhaseCode.FORWARD
     return None
 
 

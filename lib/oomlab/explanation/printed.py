@@ -2,8 +2,9 @@
 
 The caching allocators print each figure with ``format_size`` (two decimals, KiB/MiB/GiB, binary: the same as
 :func:`oomlab.core.units.format_size`), so a printed figure stands for an interval of bytes, not one value:
-:func:`printed_size` inverts it exactly.  MPS prints binary sizes labelled ``KB``/``MB``/``GB`` in single
-precision (:func:`mps_printed_size`); the CPU allocator an exact byte count (:func:`exact_size`).
+:func:`printed_size` reads it, inverted exactly by :func:`oomlab.core.size_ranges.printed_interval`.  MPS prints
+binary sizes labelled ``KB``/``MB``/``GB`` in single precision (:func:`mps_printed_size`); the CPU allocator an exact
+byte count (:func:`exact_size`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from oomlab.core.units import GiB, KiB, MiB, format_size, parse_size
+from oomlab.core.errors import InvalidValueError
+from oomlab.core.size_ranges import printed_interval
+from oomlab.core.units import GiB, KiB, MiB, parse_size
 
-_NUDGES = 8  # steps allowed to move an interval end onto format_size's boundary
+__all__ = ["PrintedSize", "exact_size", "interval_sub", "mps_printed_size", "printed_size"]
+
 _MPS_FLOAT_SLACK = Fraction(1, 2**23)  # NB: MPS's format_size casts to float (24-bit mantissa) before dividing
 
 # A retyped CUDA figure in decimal units ("14 GB") means powers of 1000, as oomlab.core.units.parse_size reads it.
@@ -40,26 +44,13 @@ class PrintedSize:
         return [self.low_bytes, self.high_bytes]
 
 
-def _unit_range(unit: int) -> tuple[int, int]:
-    """The byte counts torch's format_size prints in ``unit`` (boundaries inclusive below)."""
-    if unit == 1:
-        return 0, 1024
-    if unit == KiB:
-        return 1025, MiB
-    if unit == MiB:
-        return MiB + 1, GiB
-    if unit == GiB:
-        return GiB + 1, 1 << 80
-    return 0, 1 << 80
-
-
 def printed_size(number: str, unit_text: str) -> PrintedSize:
     """The interval of byte counts behind a printed ``number unit`` (``"14.16"``, ``"GiB"``).
 
-    For torch's own output (two decimals, binary units) the interval is exact: the smallest and
-    largest integers for which :func:`oomlab.units.format_size` gives the same text (its ``.2f``
-    rounds ties to even, so a boundary can fall either side; both are checked).  Other spellings
-    (``"14 GB"``, one decimal) get the interval their printed precision allows and ``canonical=False``.
+    For torch's own output (two decimals, binary units) the interval is exact: every integer for which
+    :func:`oomlab.core.units.format_size` gives the same text (:func:`~oomlab.core.size_ranges.printed_interval`).
+    Other spellings (``"14 GB"``, one decimal, a text format_size never prints) get the interval their printed
+    precision allows and ``canonical=False``.
     """
     unit_key = unit_text.lower()
     unit = _UNIT_BYTES[unit_key]
@@ -73,26 +64,10 @@ def printed_size(number: str, unit_text: str) -> PrintedSize:
         return PrintedSize(text, value, low, high, decimals == 0 and value <= 1024)
     if unit not in (KiB, MiB, GiB) or decimals != 2:
         return PrintedSize(text, value, low, high, False)
-    unit_low, unit_high = _unit_range(unit)
-    low, high = max(low, unit_low), min(high, unit_high)
-    for _ in range(_NUDGES):  # onto format_size's own boundaries (ties, float rounding of huge values)
-        if low > high or format_size(low) == text:
-            break
-        low += 1
-    for _ in range(_NUDGES):
-        if low > high or format_size(high) == text:
-            break
-        high -= 1
-    if low > high or format_size(low) != text or format_size(high) != text:
-        return PrintedSize(text, value, max(0, math.ceil(exact - half)), max(0, math.floor(exact + half)), False)
-    for _ in range(_NUDGES):
-        if low <= unit_low or format_size(low - 1) != text:
-            break
-        low -= 1
-    for _ in range(_NUDGES):
-        if high >= unit_high or format_size(high + 1) != text:
-            break
-        high += 1
+    try:
+        low, high = printed_interval(text)
+    except InvalidValueError:  # two decimals, but format_size never prints them in this unit ("0.50 KiB")
+        return PrintedSize(text, value, low, high, False)
     return PrintedSize(text, min(max(value, low), high), low, high, True)
 
 
@@ -121,11 +96,3 @@ def exact_size(nbytes: int) -> PrintedSize:
 def interval_sub(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
     """``a − b`` for inclusive intervals: every difference of a value in ``a`` and one in ``b``."""
     return a[0] - b[1], a[1] - b[0]
-
-
-def format_interval(iv: tuple[int, int]) -> str:
-    """An interval as torch would print its ends (negative ends as 0): one size when both print the same."""
-    lo, hi = iv
-    if format_size(max(lo, 0)) == format_size(max(hi, 0)):
-        return format_size(max(lo, 0))
-    return f"{format_size(max(lo, 0))}–{format_size(max(hi, 0))}"

@@ -8,16 +8,18 @@ it.  Every verdict ends with the next command to run (:mod:`.next_step`).
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from oomlab.core.gpus import load_gpu
+from oomlab.core.choices import MessageFormat
+from oomlab.core.gpus import GPUSpec, load_gpu
+from oomlab.core.size_ranges import format_interval
 from oomlab.core.units import format_size
 from oomlab.explanation.anomalies import FREE_MARGIN_BYTES, OUTSIDE_FLAG_BYTES, TOLD_IN_VERDICT
 from oomlab.explanation.backend import Backend, backend_terms
 from oomlab.explanation.findings import Findings
-from oomlab.explanation.message import FORMAT_NEW, FORMAT_OLD, OomMessage
+from oomlab.explanation.message import OomMessage
 from oomlab.explanation.next_step import next_step
-from oomlab.explanation.printed import PrintedSize, format_interval
+from oomlab.explanation.phase import PhaseCode
+from oomlab.explanation.printed import PrintedSize
 from oomlab.explanation.processes import ProcessBasis
 from oomlab.explanation.request import is_segment_interval, segment_bytes
 from oomlab.reproduction.allocator import K_MIN_LARGE_ALLOC, K_SMALL_SIZE
@@ -38,7 +40,7 @@ _ACCEPTED_DEVICE = "a number with two decimals and bytes, KiB, MiB or GiB"
 _TOLD_HERE = (*TOLD_IN_VERDICT, "hip_backend", "xpu_backend", "watermark_disabled")
 
 
-def compose_verdict(e: Findings, gpu_spec: Any) -> str:
+def compose_verdict(e: Findings, gpu_spec: GPUSpec | None) -> str:
     """The verdict's paragraphs for ``e``, joined by blank lines; the last one is the next step."""
     backend = e.message.backend
     if backend is Backend.MPS:
@@ -90,13 +92,13 @@ def _next_step_paragraph(e: Findings) -> str:
 # --------------------------------------------------------------------------------- caching allocators
 
 
-def _device_paragraphs(e: Findings, gpu_spec: Any) -> list[str]:
+def _device_paragraphs(e: Findings, gpu_spec: GPUSpec | None) -> list[str]:
     """A CUDA, HIP or XPU caching-allocator message, figure by figure."""
     m = e.message
     terms = backend_terms(m.backend)
     paras: list[str] = []
-    fmt = {FORMAT_OLD: "the torch ≤ 2.0 format", FORMAT_NEW: "the torch ≥ 2.1 format"}.get(m.format or "",
-                                                                                            "an undetermined format")
+    fmt = {MessageFormat.OLD: "the torch ≤ 2.0 format", MessageFormat.NEW: "the torch ≥ 2.1 format"}.get(
+        m.format, "an undetermined format")
     where = f"GPU {m.device_index}" if m.device_index is not None else "an unnamed GPU"
     kind = {Backend.HIP: "A HIP (ROCm) out-of-memory message of PyTorch's caching allocator, hipified",
             Backend.XPU: "An XPU (Intel GPU) out-of-memory message of PyTorch's XPU caching allocator"}.get(
@@ -121,13 +123,12 @@ def _device_paragraphs(e: Findings, gpu_spec: Any) -> list[str]:
                          "serves any request up to 1 MiB, so the failure came from many small tensors (the small "
                          "pool), not one big one — the GPU was already full.")
         elif len(ranges) > 1:
-            spans = " or ".join(f"{format_size(lo)}–{format_size(hi)}" for lo, hi in ranges)
+            spans = " or ".join(format_interval(r) for r in ranges)
             paras.append(f"\"Tried to allocate {t.text}\" is the segment asked of {terms.malloc}, not the tensor: "
                          f"the request was {spans}.")
         else:
-            lo, hi = ranges[0]
             paras.append(f"\"Tried to allocate {t.text}\" is the segment asked of {terms.malloc}, not a total still "
-                         f"needed: one request (one tensor) of {format_size(lo)}–{format_size(hi)} (requests from "
+                         f"needed: one request (one tensor) of {format_interval(ranges[0])} (requests from "
                          "10 MiB are rounded up to 2 MiB).")
     if m.free is not None and t is not None and m.free.high_bytes < t.low_bytes:
         paras.append(f"Only {m.free.text} was free on the device, less than the {t.text} asked.")
@@ -207,7 +208,7 @@ def _backend_paragraphs(m: OomMessage) -> list[str]:
                 "hold. What it cannot: it ships no Intel GPU spec, so it matches no GPU to the total capacity, and "
                 "its budgets and plans are for NVIDIA GPUs — their per-component sizes hold, their fit verdicts need "
                 "your GPU's capacity.")
-        if m.format == FORMAT_OLD:
+        if m.format is MessageFormat.OLD:
             text += (" Intel's extension (IPEX) printed no free figure, so the memory outside PyTorch cannot be "
                      "derived.")
         return [text]
@@ -298,7 +299,7 @@ def _cpu_paragraphs(e: Findings) -> list[str]:
     return paras
 
 
-def _model_paragraphs(e: Findings, gpu_spec: Any) -> list[str]:
+def _model_paragraphs(e: Findings, gpu_spec: GPUSpec | None) -> list[str]:
     out: list[str] = []
     m, t = e.message, e.message.tried
     if t is None:
@@ -312,7 +313,7 @@ def _model_paragraphs(e: Findings, gpu_spec: Any) -> list[str]:
         for c in shown:
             names = ", ".join(c.roles)
             parts.append(f"{c.rank}. {' × '.join(map(str, c.shape))} in {c.dtype} ({format_size(c.tensor_bytes)}; "
-                         f"{c.count} such {c.kind}s, e.g. {names})")
+                         f"{c.count} such {c.kind.value}s, e.g. {names})")
         more = f" — and {len(e.candidates) - len(shown)} more" if len(e.candidates) > len(shown) else ""
         out.append(f"Tensors of {e.model} whose segment prints as {t.text}, best supported first: "
                    + "; ".join(parts) + more + ".")
@@ -323,7 +324,7 @@ def _model_paragraphs(e: Findings, gpu_spec: Any) -> list[str]:
         if "float32" not in same_shape and all(c.dtype in ("float16", "bfloat16") for c in e.candidates[:1]):
             numel = math.prod(shape)
             out.append(f"In float32 the same tensor would ask for {format_size(segment_bytes(numel * 4))}.")
-        if e.phase is not None and e.phase.code in ("backward", "optimizer"):
+        if e.phase is not None and e.phase.code in (PhaseCode.BACKWARD, PhaseCode.OPTIMIZER):
             out.append("In this phase a match may also be that parameter's gradient or optimizer state.")
     w = e.walk
     if w is not None:
@@ -348,6 +349,6 @@ def _model_paragraphs(e: Findings, gpu_spec: Any) -> list[str]:
             out.append(f"{need}, within the {total}: the model alone fits; something else held the memory.")
         else:
             out.append(f"{need}, about the usable memory of {total}: too close to call from these figures.")
-    elif e.phase is not None and e.phase.code == "move" and m.allocated is None:
+    elif e.phase is not None and e.phase.code is PhaseCode.MOVE and m.allocated is None:
         out.append("The message lacks the allocated figure, so the _apply walk cannot be located.")
     return out

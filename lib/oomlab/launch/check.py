@@ -9,24 +9,23 @@ FSDP's unit-by-unit move); device_map and 4-bit loads are not checked (placed as
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
-from oomlab.budget.result import BudgetResult
-from oomlab.core.choices import Precision, Route, Strategy
+from oomlab.budget.result import BudgetResult, Phase
+from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy, plain
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.prices import HostRam, resolve_host_ram
 from oomlab.core.setup import TrainingSetup
-from oomlab.core.units import format_size
+from oomlab.core.units import ceil_div, format_size
 from oomlab.launch.origin import OriginKind
 from oomlab.launch.paths import ROWS, LoadPath, load_path_of
 from oomlab.launch.read import LaunchInputs, UserLaunch
 from oomlab.launch.resolve import read_launch
-from oomlab.remedies.knobs import DEVICE_MAP_KNOB, knob_table
+from oomlab.remedies.knobs import KnobChange, knob_table
 from oomlab.remedies.remedy import Evaluator, caveats, launcher
 from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.replay import reproduce
@@ -83,7 +82,7 @@ class CheckResult:
     load: LoadCheck
     budget: BudgetResult
     fails_at: FailsAt | None  # None: it loads and the step fits
-    phase: str | None  # the phase it fails in
+    phase: Phase | LoadPath | None  # where it fails: the step's phase, or the load path while loading
     smallest_fix: Fix | None  # None when it fits, or when no change of one or two knobs does
     host_ram: HostRam
 
@@ -100,7 +99,8 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, Any]:
         s = self.launch.setup
-        return {"fails_at": None if self.fails_at is None else self.fails_at.value, "phase": self.phase,
+        phase = f"load: {ROWS[self.phase].how}" if isinstance(self.phase, LoadPath) else plain(self.phase)
+        return {"fails_at": None if self.fails_at is None else self.fails_at.value, "phase": phase,
                 "per_gpu_peak_bytes": self.per_gpu_peak_bytes, "capacity_bytes": s.gpu.total_memory_bytes,
                 "load": self.load.to_dict(), "step": self.budget.to_dict(),
                 "setup": {"gpu": s.gpu.name, **self.launch.to_dict()},
@@ -130,15 +130,15 @@ def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> Lo
         return LoadCheck(path, need, cap, not r.raised, detail)
     outside = case_outside(setup.model.name, setup.gpu, 1).total_bytes
     if path is LoadPath.ZERO_INIT:
-        part = math.ceil(setup.model.num_parameters / setup.world_size) * load_dtype(_half(setup)).itemsize
+        part = ceil_div(setup.model.num_parameters, setup.world_size) * load_dtype(_half(setup)).itemsize
         need = part + outside
         return LoadCheck(path, need, cap, need <= cap,
                          f"{how}: a 1/{setup.world_size} partition, {format_size(part)} per GPU")
     if path in (LoadPath.FSDP_UNITS, LoadPath.FSDP2_SHARDS):
         size = load_dtype(load_dtype_name).itemsize
         spec = setup.model
-        layer = (spec.num_parameters - spec.embedding_params) // spec.num_hidden_layers
-        shard = math.ceil(spec.num_parameters / setup.world_size) * size
+        layer = spec.layer_params
+        shard = ceil_div(spec.num_parameters, setup.world_size) * size
         need = shard + layer * size + outside  # NB: one decoder layer unsharded at a time
         if setup.strategy.offloads:
             need = layer * size + outside
@@ -147,55 +147,56 @@ def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> Lo
     return LoadCheck(path, None, cap, True, f"{how}: not checked at load (the step decides)")
 
 
-def _phase(load: LoadCheck, budget: BudgetResult) -> tuple[FailsAt | None, str | None]:
+def _phase(load: LoadCheck, budget: BudgetResult) -> tuple[FailsAt | None, Phase | LoadPath | None]:
     if not load.fits:
-        return FailsAt.LOAD, f"load: {ROWS[load.path].how}"
+        return FailsAt.LOAD, load.path
     if not budget.fits:
-        return FailsAt.STEP, budget.peak_phase.value
+        return FailsAt.STEP, budget.peak_phase
     return None, None
 
 
-def _how(launch: UserLaunch, knob: str, value: str) -> str:
-    """Where to make one change, from the origin of the field it changes."""
+_OPTIM_FLAGS = {Optimizer.ADAMW: "--optim adamw_torch", Optimizer.ADAMW_FUSED: "--optim adamw_torch_fused",
+                Optimizer.ADAMW_8BIT: "--optim adamw_bnb_8bit", Optimizer.SGD: "--optim sgd"}
+_PRECISION_FLAGS = {Precision.BF16_MIXED: "--bf16", Precision.FP16_MIXED: "--fp16", Precision.FP32: "no --fp16/--bf16"}
+
+
+def _how(launch: UserLaunch, knob: str, shown: str, fix: TrainingSetup, route: Route) -> str:
+    """Where to make one change of the fitting configuration (``fix`` on ``route``; ``shown``: the knob's new value
+    as the table writes it), from the origin of the field it changes."""
     sourced = launch.fields.get(knob)
     where = "" if sourced is None or sourced.origin.kind is OriginKind.ASSUMED else f" (now: {sourced.origin})"
     if knob == "strategy":
-        if value.startswith("zero"):
-            stage = value[4]
-            offload = " with offload_optimizer (and, for stage 3, offload_param) device cpu" if "offload" in value \
-                else ""
+        strategy = fix.strategy
+        if route is Route.DEVICE_MAP:
+            return "one process, from_pretrained(device_map='auto')" + where
+        if strategy.zero_stage is not None:
+            stage = strategy.zero_stage
+            offload = " with offload_optimizer (and, for stage 3, offload_param) device cpu" \
+                if strategy.offloads_optimizer else ""
             text = f"DeepSpeed ZeRO-{stage}: zero_optimization.stage {stage}{offload}"
-            if stage == "3":
+            if stage == 3:
                 text += "; from_pretrained after TrainingArguments(deepspeed=...) so it loads under zero.Init"
             return text + where
-        if value == DEVICE_MAP_KNOB:
-            return "one process, from_pretrained(device_map='auto')" + where
-        return f"strategy {value} (oomlab plan --write-configs writes its accelerate config)" + where
-    flags = {"checkpointing": "--gradient_checkpointing", "seq": f"--max_seq_length {value}",
-             "optimizer": {"adamw": "--optim adamw_torch", "adamw-fused": "--optim adamw_torch_fused",
-                           "adamw-8bit": "--optim adamw_bnb_8bit", "sgd": "--optim sgd"}.get(value, value),
-             "precision": {"bf16-mixed": "--bf16", "fp16-mixed": "--fp16", "fp32": "no --fp16/--bf16"}.get(value,
-                                                                                                          value),
-             "method": "a peft LoraConfig (adapter_config.json)" + (" over a bitsandbytes 4-bit base" if value ==
-                                                                    "qlora" else "")}
-    return f"{knob} {value}: {flags.get(knob, value)}{where}"
+        return f"strategy {strategy.value} (oomlab plan --write-configs writes its accelerate config)" + where
+    flags = {"checkpointing": "--gradient_checkpointing", "seq": f"--max_seq_length {fix.seq}",
+             "optimizer": _OPTIM_FLAGS[fix.optimizer],
+             "precision": _PRECISION_FLAGS.get(fix.precision, fix.precision.value),
+             "method": "a peft LoraConfig (adapter_config.json)" + (" over a bitsandbytes 4-bit base" if fix.method
+                                                                    is Method.QLORA else "")}
+    return f"{knob} {shown}: {flags.get(knob, shown)}{where}"
 
 
-def _fix_launch(launch: UserLaunch, changes: tuple[tuple[str, str], ...]) -> str:
+def _fix_launch(launch: UserLaunch, row: KnobChange, fix: TrainingSetup, route: Route) -> str:
     """The user's command with the flags of the change added (the file changes are in ``how``); without a command,
-    the launch the changed strategy stands for."""
-    strategy = dict(changes).get("strategy")
+    the launch the changed strategy stands for (the user's strategy where the change is device_map's route)."""
     if launch.command is None:
-        route = Route.DEVICE_MAP if strategy == DEVICE_MAP_KNOB else Route.PROCESS_PER_GPU
-        chosen = launch.setup.strategy if strategy in (None, DEVICE_MAP_KNOB) else \
-            launch.setup.with_(strategy=strategy).strategy
-        return launcher(route, chosen)
+        return launcher(route, launch.setup.strategy if route is Route.DEVICE_MAP else fix.strategy)
     text = launch.command.text
     extra = {"checkpointing": "--gradient_checkpointing", "seq": "--max_seq_length"}
-    for knob, value in changes:
+    for knob, _ in row.changes:
         flag = extra.get(knob)
         if flag and flag not in text:
-            text += f" {flag}" + ("" if knob == "checkpointing" else f" {value}")
+            text += f" {flag}" + ("" if knob == "checkpointing" else f" {fix.seq}")
     return text
 
 
@@ -203,16 +204,10 @@ def smallest_fix(launch: UserLaunch, host_ram_bytes: int) -> Fix | None:
     """The fitting knob change (one, else two) whose launch also loads, the least intrusive first."""
     base = launch.setup
     evaluator = Evaluator(host_ram_bytes, None)
-    rows = [r for r in knob_table(base, host_ram_bytes, evaluator=evaluator) if r.fits]
     candidates = []
-    for row in rows:
-        changes = dict(row.changes)
-        route = Route.DEVICE_MAP if changes.get("strategy") == DEVICE_MAP_KNOB else Route.PROCESS_PER_GPU
-        if route is Route.DEVICE_MAP:
-            changes["strategy"] = "single"
-        try:
-            setup = base.with_(**{k: _typed(k, v) for k, v in changes.items()})
-        except InvalidValueError:
+    for row in knob_table(base, host_ram_bytes, evaluator=evaluator):
+        setup, route = row.setup, row.route
+        if not row.fits or setup is None or route is None:
             continue
         if any(c.harmful for c in caveats(setup)):
             continue
@@ -221,20 +216,12 @@ def smallest_fix(launch: UserLaunch, host_ram_bytes: int) -> Fix | None:
         if not load.fits:
             continue
         rank = (len(row.changes), max(KNOB_ORDER.index(k) for k, _ in row.changes), row.per_gpu_peak_bytes or 0)
-        candidates.append((rank, row, setup, load))
+        candidates.append((rank, row, setup, route, load))
     if not candidates:
         return None
-    _, row, setup, load = min(candidates, key=lambda c: c[0])
-    how = tuple(_how(launch, k, v) for k, v in row.changes)
-    return Fix(row.changes, setup, row.per_gpu_peak_bytes or 0, load, how, _fix_launch(launch, row.changes))
-
-
-def _typed(knob: str, value: str) -> Any:
-    if knob == "checkpointing":
-        return value == "true"
-    if knob == "seq":
-        return int(value)
-    return value
+    _, row, setup, route, load = min(candidates, key=lambda c: c[0])
+    how = tuple(_how(launch, k, shown, setup, route) for k, shown in row.changes)
+    return Fix(row.changes, setup, row.per_gpu_peak_bytes or 0, load, how, _fix_launch(launch, row, setup, route))
 
 
 def check_launch(inputs: LaunchInputs, host_ram: str | int | None = None,

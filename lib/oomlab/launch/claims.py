@@ -7,7 +7,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from oomlab.core.errors import InvalidValueError
+from oomlab.core.choices import plain
+from oomlab.core.errors import LaunchConflictError
 from oomlab.launch.origin import Origin, Sourced
 
 
@@ -18,10 +19,6 @@ class Strength(enum.IntEnum):
     WEAK = 1  # stated, but overridden by any statement (accelerate's mixed_precision 'no' under the Trainer's flags)
     DEFAULT = 2  # a library's default for what was left out
     ASSUMED = 3  # oomlab's assumption
-
-
-class LaunchConflictError(InvalidValueError):
-    """Two of the user's files or flags say different things about the same field."""
 
 
 @dataclass
@@ -71,5 +68,5 @@ class Claims:
 
 
 def _shown(value: Any) -> Any:
-    value = getattr(value, "value", value)
+    value = plain(value)
     return tuple(value) if isinstance(value, list) else value

@@ -3,46 +3,36 @@ issue (verdict, the launch path the traceback proves, the per-GPU table, the fix
 
 from __future__ import annotations
 
-from oomlab.core.choices import Route
+from oomlab.core.choices import plain
+from oomlab.core.markdown import markdown_cell, markdown_table
 from oomlab.core.units import format_size
 from oomlab.launch.check import CheckResult, FailsAt
-from oomlab.launch.paths import ROWS, paths_the_traceback_allows
-from oomlab.remedies.remedy import remedy_name
+from oomlab.launch.paths import ROWS
+from oomlab.launch.prose import launch_name, traceback_proves
+from oomlab.launch.user import setup_rows
 
 MAX_UNMODELLED_SHOWN = 8
-
-
-def _name(result: CheckResult) -> str:
-    s = result.launch.setup
-    return remedy_name(Route.PROCESS_PER_GPU, s.strategy, s.method, s.precision, s.optimizer, s.checkpointing,
-                       s.lora_rank)
 
 
 def verdict(result: CheckResult) -> str:
     """The answer in one sentence."""
     s = result.launch.setup
     cap = format_size(s.gpu.total_memory_bytes)
-    where = f"{s.model.name} as launched ({_name(result)}, micro-batch {s.batch}, {s.seq} tokens) on {s.gpus} × " \
+    where = f"{s.model.name} as launched ({launch_name(s)}, micro-batch {s.batch}, {s.seq} tokens) on {s.gpus} × " \
             f"{s.gpu.display_name}"
     if result.fails_at is FailsAt.LOAD:
         return (f"{where} fails while loading, before the first step: {ROWS[result.load.path].short} needs "
                 f"{format_size(result.load.per_gpu_bytes or 0)} per GPU of {cap}.")
     if result.fails_at is FailsAt.STEP:
-        return (f"{where} loads, then fails in the training step's {result.phase} phase: "
+        return (f"{where} loads, then fails in the training step's {plain(result.phase)} phase: "
                 f"{format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap}.")
     return f"{where} fits: {format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap} at the step's peak."
 
 
 def traceback_sentence(result: CheckResult) -> str:
     """What a ``Module._apply → convert → t.to`` traceback proves, and whether this launch is one of those."""
-    allowed = paths_the_traceback_allows()
-    names = "; ".join(r.short for r in allowed)
-    others = ", ".join(r.short for r in ROWS.values() if r not in allowed)
-    mine = ROWS[result.load.path]
-    verdict_ = "is one of them" if mine in allowed else "is not: it cannot fail there"
-    return (f"A traceback ending in `Module._apply → convert → t.to` with most of a replica allocated proves that a "
-            f"full replica was moved to each GPU with `Module.to()`: the launcher was one of {names}; not {others}. "
-            f"This launch ({mine.short}) {verdict_}.")
+    return traceback_proves(result.launch, "A traceback ending in `Module._apply` → `convert` → `t.to` with most of "
+                            "a replica allocated")
 
 
 def per_gpu_rows(result: CheckResult) -> list[tuple[str, str]]:
@@ -70,7 +60,7 @@ def _assumptions(result: CheckResult) -> list[str]:
 def render_check(result: CheckResult) -> str:
     """The plain-text answer."""
     lines = [verdict(result), "", "setup (origin of each field):"]
-    lines += [f"  {name:<14} {_plain(s.value)!s:<28} {s.origin}" for name, s in result.launch.fields.items()]
+    lines += [f"  {name:<14} {value:<28} {origin}" for name, value, origin in setup_rows(result.launch)]
     lines += ["", f"load: {result.load.detail}", "", "per GPU:"]
     lines += [f"  {label:<36} {value:>12}" for label, value in per_gpu_rows(result)]
     fix = result.smallest_fix
@@ -90,20 +80,11 @@ def render_check(result: CheckResult) -> str:
     return "\n".join(lines)
 
 
-def _plain(value: object) -> object:
-    value = getattr(value, "value", value)
-    return ",".join(value) if isinstance(value, tuple) else value
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(result: CheckResult) -> str:
     """A short GitHub reply: verdict, launch path, per-GPU table, fix with its launch command, assumptions."""
     out = [f"**Verdict.** {verdict(result)}", "", f"**Launch path.** {traceback_sentence(result)}", "",
-           "| per GPU | |", "|---|---:|"]
-    out += [f"| {_cell(label.strip())} | {value} |" for label, value in per_gpu_rows(result)]
+           markdown_table(("per GPU", ""), [(label.strip(), value) for label, value in per_gpu_rows(result)],
+                          right=(1,))]
     fix = result.smallest_fix
     out.append("")
     if result.fails_at is None:
@@ -114,5 +95,5 @@ def render_markdown(result: CheckResult) -> str:
         out.append("**Fix.** " + "; ".join(fix.how) + f" — {format_size(fix.per_gpu_peak_bytes)} per GPU at the "
                    "step's peak, and it loads.")
         out += ["", "```", fix.launch, "```"]
-    out += ["", "**Assumptions.**"] + [f"- {_cell(a)}" for a in _assumptions(result)]
+    out += ["", "**Assumptions.**"] + [f"- {markdown_cell(a)}" for a in _assumptions(result)]
     return "\n".join(out)

@@ -12,12 +12,8 @@ from typing import Any
 
 import yaml
 
-from oomlab.core.errors import InvalidValueError
+from oomlab.core.errors import LaunchFileError
 from oomlab.launch.origin import Origin, file_origin
-
-
-class LaunchFileError(InvalidValueError):
-    """A launch file that cannot be read: missing, malformed (with the line), or not a mapping."""
 
 
 @dataclass(frozen=True)

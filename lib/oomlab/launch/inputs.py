@@ -7,13 +7,14 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from oomlab.core.errors import InvalidValueError, LaunchFileError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import load_model
-from oomlab.launch.files import LaunchFileError
+from oomlab.launch.files import read_json
 from oomlab.launch.read import LaunchInputs
-from oomlab.launch.resolve import inputs_from_dir
 
 FILE_OPTIONS = ("accelerate_config", "deepspeed", "training_args", "adapter_config", "quantization_config")
+LAUNCH_COMMAND_FILES = ("launch.sh", "launch.txt", "command.txt")
 
 
 def check_inputs(*, launch: str | None = None, launch_dir: str | os.PathLike[str] | None = None,
@@ -36,3 +37,51 @@ def check_inputs(*, launch: str | None = None, launch_dir: str | os.PathLike[str
     if launch is not None:
         changes["command"] = launch
     return replace(base, **changes)
+
+
+def inputs_from_dir(folder: str | os.PathLike[str], gpu: str, gpus: int | None = None,
+                    model: str | None = None) -> LaunchInputs:
+    """The launch files of a folder, recognised by name and content: ``launch.sh``/``launch.txt`` (the command),
+    ``accelerate*.yaml``, a DeepSpeed JSON (``zero_optimization``), ``training_args.json`` (or any JSON with
+    ``per_device_train_batch_size``), ``adapter_config.json``, ``quantization_config.json``, ``config.json``."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise InvalidValueError(f"launch_dir {str(folder)!r} is not a folder of launch files")
+    found: dict[str, str] = {}
+    command = None
+    for name in LAUNCH_COMMAND_FILES:
+        if (root / name).is_file():
+            lines = [ln for ln in (root / name).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+            command = " ".join(ln.rstrip("\\").strip() for ln in lines)
+            break
+    for path in sorted(root.iterdir()):
+        if path.suffix in (".yaml", ".yml") and "accelerate" in path.name:
+            found.setdefault("accelerate_config", str(path))
+        elif path.suffix == ".json":
+            kind = _json_kind(path)
+            if kind:
+                if kind in found:
+                    raise InvalidValueError(f"launch_dir {str(folder)!r} holds two {kind} files: {found[kind]} and "
+                                            f"{path}; keep one")
+                found[kind] = str(path)
+    if model is None and "model" in found:
+        model = found.pop("model")
+    found.pop("model", None)
+    return LaunchInputs(command=command, model=model, gpu=gpu, gpus=gpus, **found)
+
+
+def _json_kind(path: Path) -> str | None:
+    if path.name == "adapter_config.json":
+        return "adapter_config"
+    if path.name == "quantization_config.json":
+        return "quantization_config"
+    data = read_json(path).data
+    if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data:
+        return "deepspeed"
+    if "per_device_train_batch_size" in data or path.name == "training_args.json":
+        return "training_args"
+    if "model_type" in data or path.name == "config.json":
+        return "model"
+    if "peft_type" in data:
+        return "adapter_config"
+    return None

@@ -3,7 +3,8 @@ mapped to oomlab's choices.  Everything else a file or command holds is listed a
 
 from __future__ import annotations
 
-from oomlab.core.choices import Optimizer
+from oomlab.core.choices import Optimizer, Precision
+from oomlab.remedies.deepspeed_configs import ACCELERATE_MIXED_PRECISION
 
 TRANSFORMERS = "transformers 5.24"  # the installed releases whose defaults fill what the user left out
 ACCELERATE = "accelerate 1.15"
@@ -64,7 +65,8 @@ ACCELERATE_HARMLESS = frozenset({
     "tpu_use_cluster", "tpu_use_sudo", "use_cpu", "downcast_bf16", "main_process_ip", "main_process_port",
     "debug", "enable_cpu_affinity",
 })
-ACCELERATE_MIXED = {"fp16": "fp16-mixed", "bf16": "bf16-mixed", "no": "fp32"}
+# accelerate's mixed_precision -> oomlab's precision: the inverse of what oomlab writes for each precision
+ACCELERATE_MIXED: dict[str, Precision] = {name: p for p, name in ACCELERATE_MIXED_PRECISION.items()}
 
 # peft adapter_config.json keys that enter the setup
 ADAPTER_KEYS = frozenset({"peft_type", "r", "lora_alpha", "target_modules"})

@@ -7,6 +7,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from oomlab.core.choices import plain
+
 
 class OriginKind(enum.Enum):
     """What kind of place a value comes from."""
@@ -65,8 +67,14 @@ class Sourced:
     origin: Origin
     also: tuple[Origin, ...] = ()  # other places that agree
 
+    @property
+    def shown(self) -> str:
+        """The value as a table or sentence writes it: a choice by its name, LoRA targets joined by commas."""
+        value = plain(self.value)
+        return ",".join(value) if isinstance(value, tuple) else str(value)
+
     def to_dict(self) -> dict[str, Any]:
-        value = getattr(self.value, "value", self.value)
+        value = plain(self.value)
         return {"value": list(value) if isinstance(value, tuple) else value, "origin": self.origin.to_dict(),
                 "also": [o.to_dict() for o in self.also]}
 

@@ -3,11 +3,15 @@ assumed), and which launch the traceback proves."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from oomlab.core.choices import Route
+from oomlab.core.markdown import markdown_table
 from oomlab.core.seed import is_seed_case
+from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
 from oomlab.launch.origin import OriginKind
-from oomlab.launch.paths import ROWS, LoadPath, load_path_of, paths_the_traceback_allows
+from oomlab.launch.paths import APPLY_FRAMES, ROWS, LoadPath, load_path_of, paths_the_traceback_allows
 from oomlab.launch.read import UserLaunch
 from oomlab.remedies.remedy import remedy_name
 from oomlab.reproduction.result import ReproduceResult
@@ -23,6 +27,13 @@ def replica_dtype(launch: UserLaunch) -> str:
     return launch.load_dtype
 
 
+def launch_name(setup: TrainingSetup) -> str:
+    """The launch as the remedy table names it (``DDP · full fine-tuning · fp16-mixed · adamw``)."""
+    s = setup
+    return remedy_name(Route.PROCESS_PER_GPU, s.strategy, s.method, s.precision, s.optimizer, s.checkpointing,
+                       s.lora_rank)
+
+
 def is_seed_launch(launch: UserLaunch, dtype: str) -> bool:
     """Is this the seed's case (llama-13b in float16 on T4s)?"""
     return is_seed_case(launch.setup.model.name, dtype, launch.setup.gpu.name)
@@ -32,8 +43,7 @@ def case_intro(launch: UserLaunch, dtype: str) -> str:
     """The case in two or three sentences: the model, the GPUs and the launch, and whether the launch was read or
     assumed."""
     s = launch.setup
-    name = remedy_name(Route.PROCESS_PER_GPU, s.strategy, s.method, s.precision, s.optimizer, s.checkpointing,
-                       s.lora_rank)
+    name = launch_name(s)
     path = ROWS[load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)]
     lines = [f"**The case.** {s.model.name} on {s.gpus * s.nodes} × {s.gpu.display_name} "
              f"({format_size(s.gpu.total_memory_bytes)} each), launched as {name}, micro-batch {s.batch} × "
@@ -56,30 +66,30 @@ def launch_path_reading(launch: UserLaunch, result: ReproduceResult) -> str:
     """What the reproduced (for the seed: the user's) traceback proves about the launch, and whether the launch as
     read or assumed is one of those."""
     s = launch.setup
-    mine = ROWS[load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)]
     if not result.raised:
         return (f"`.to()` of the {result.dtype} replica does not fail on one {s.gpu.display_name}: there is no "
                 "`Module._apply` failure to read a launch from.")
-    allowed = paths_the_traceback_allows(tuple(result.frames))
+    moved = f"{result.moved_fraction:.1%} of the parameters were already on the GPU"
+    whose = "the user's launcher" if is_seed_launch(launch, result.dtype) else "a launcher that fails this way"
+    return traceback_proves(launch, f"This traceback (`Module._apply` → `convert` → `t.to`, {moved})", whose,
+                            tuple(result.frames))
+
+
+def traceback_proves(launch: UserLaunch, traceback: str, whose: str = "a launcher that fails this way",
+                     frames: Sequence[str] = APPLY_FRAMES) -> str:
+    """What ``traceback`` (a ``Module._apply → convert → t.to`` failure in words, with its ``frames``) proves about
+    ``whose`` launcher, and whether the launch as read or assumed is one of those."""
+    s = launch.setup
+    mine = ROWS[load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)]
+    allowed = paths_the_traceback_allows(tuple(frames))
     names = "; ".join(r.short for r in allowed)
     others = ", ".join(r.short for r in ROWS.values() if r not in allowed)
-    moved = f"{result.moved_fraction:.1%} of the parameters were already on the GPU"
     origin = launch.fields["strategy"].origin
     said = "assumed" if origin.kind is OriginKind.ASSUMED else f"read from {origin}"
     fit = ("is one of them" if mine in allowed else
            "is not one of them: under it this traceback could not happen, so the launch that ran differed")
-    whose = "the user's launcher" if is_seed_launch(launch, result.dtype) else "a launcher that fails this way"
-    return (f"This traceback (`Module._apply` → `convert` → `t.to`, {moved}) means {whose} moved a full replica to "
-            f"each GPU with `Module.to()`: it was one of {names}. It was not {others}. The launch {said} "
-            f"({s.strategy.value}: {mine.short}) {fit}.")
-
-
-def _table(headers: tuple[str, ...] | list[str], rows: list[tuple[str, ...]]) -> str:
-    def cell(text: object) -> str:
-        return str(text).replace("|", "\\|").replace("\n", " ")
-    lines = ["| " + " | ".join(map(cell, headers)) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
-    return "\n".join(lines)
+    return (f"{traceback} means {whose} moved a full replica to each GPU with `Module.to()`: it was one of {names}. "
+            f"It was not {others}. The launch {said} ({s.strategy.value}: {mine.short}) {fit}.")
 
 
 def launch_section(launch: UserLaunch, result: ReproduceResult, dtype: str,
@@ -88,6 +98,6 @@ def launch_section(launch: UserLaunch, result: ReproduceResult, dtype: str,
     """The report's account of the launch (Markdown): the case, the launch-path table, what the traceback proves,
     and the verdict under the other plausible launches."""
     return "\n\n".join([
-        "### The launch the traceback proves", case_intro(launch, dtype), _table(*path_table),
+        "### The launch the traceback proves", case_intro(launch, dtype), markdown_table(*path_table),
         launch_path_reading(launch, result),
-        _table(("launch", "how the weights load", "fails first at", "per GPU"), others)])
+        markdown_table(("launch", "how the weights load", "fails first at", "per GPU"), others)])

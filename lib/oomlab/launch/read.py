@@ -6,7 +6,7 @@ Read: an accelerate config YAML, a DeepSpeed JSON (``"auto"`` resolved as the HF
 ``--flags`` of a transformers-style script), a ``torchrun`` / ``accelerate launch`` / ``deepspeed`` / ``python``
 command line, a peft ``adapter_config.json``, a ``quantization_config`` and the model's ``config.json``.  Every key
 or flag not modelled is listed (:class:`~oomlab.launch.origin.Unmodelled`); two places that disagree raise
-:class:`~oomlab.launch.claims.LaunchConflictError` naming both; what nobody says comes from the library's default
+:class:`~oomlab.core.errors.LaunchConflictError` naming both; what nobody says comes from the library's default
 (named with its version) or is oomlab's assumption (the pipeline parameter's default), and says so.
 """
 
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
-from oomlab.core.choices import Attention, Method, Strategy, choice
-from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.core.choices import Attention, Method, Precision, choice
+from oomlab.core.errors import InvalidValueError, LaunchConflictError, UnknownNameError
 from oomlab.core.models import ALL_LINEAR
 from oomlab.core.setup import TrainingSetup
 from oomlab.launch import keys as K
-from oomlab.launch.claims import Claims, LaunchConflictError, Strength
+from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import LaunchCommand, Launcher
 from oomlab.launch.files import LaunchFile
 from oomlab.launch.origin import (
@@ -89,8 +89,8 @@ class UserLaunch:
         """The fields nobody stated, with oomlab's reason for the value taken (``zero3_init`` only for a ZeRO-3
         launch: nothing else reads it)."""
         strategy = self.fields.get("strategy")
-        zero3 = strategy is not None and Strategy(_plain(strategy.value)).zero_stage == 3
-        return tuple(f"{name} = {_plain(s.value)}: {s.origin.where}" for name, s in self.fields.items()
+        zero3 = strategy is not None and strategy.value.zero_stage == 3
+        return tuple(f"{name} = {s.shown}: {s.origin.where}" for name, s in self.fields.items()
                      if s.origin.kind is OriginKind.ASSUMED and (name != "zero3_init" or zero3))
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,11 +101,6 @@ class UserLaunch:
                 "assumptions": list(self.assumptions),
                 "deepspeed": None if self.deepspeed is None else {k: getattr(self.deepspeed, k) for k in
                                                                   self.deepspeed.__dataclass_fields__}}
-
-
-def _plain(value: Any) -> Any:
-    value = getattr(value, "value", value)
-    return ",".join(value) if isinstance(value, tuple) else value
 
 
 def bool_value(value: Any, origin: Origin) -> bool:
@@ -166,9 +161,9 @@ def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, An
         raise LaunchConflictError(f"contradiction in precision: {fp16[2]} says fp16 but {bf16[2]} says bf16; "
                                   "set one of them")
     if on16 or onbf:
-        claims.say("precision", "fp16-mixed" if on16 else "bf16-mixed", (fp16 if on16 else bf16)[2])
+        claims.say("precision", Precision.FP16_MIXED if on16 else Precision.BF16_MIXED, (fp16 if on16 else bf16)[2])
     elif is_json and fp16[0] and bf16[0]:
-        claims.say("precision", "fp32", fp16[2])
+        claims.say("precision", Precision.FP32, fp16[2])
     hit = _first(look, K.BATCH_KEYS)
     if hit[0]:
         claims.say("batch", int_value(hit[1], hit[2]), hit[2])
@@ -181,7 +176,7 @@ def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, An
             claims.say("checkpointing", bool_value(hit[1], hit[2]), hit[2])
     hit = look("optim")
     if hit[0] and hit[1] is not None:
-        name = str(getattr(hit[1], "value", hit[1])).lower()
+        name = str(hit[1]).lower()
         if name not in K.OPTIM_NAMES:
             raise UnknownNameError(f"optimizer ({hit[2]})", name, K.OPTIM_NAMES, "the optimizers oomlab budgets")
         claims.say("optimizer", K.OPTIM_NAMES[name], hit[2])

@@ -1,22 +1,22 @@
 """The claims of every launch file and flag resolved into one :class:`~oomlab.launch.read.UserLaunch`:
-:func:`read_launch` (from paths and a command) and :func:`inputs_from_dir` (a folder of such files)."""
+:func:`read_launch` (from the paths and the command of :class:`~oomlab.launch.read.LaunchInputs`; a folder's files
+are found by :func:`oomlab.launch.inputs.inputs_from_dir`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from oomlab.budget.deepspeed_config import read_deepspeed_config
 from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy
-from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.core.errors import InvalidValueError, LaunchConflictError, LaunchFileError, UnknownNameError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.setup import DEFAULT_LORA_TARGETS, make_setup
 from oomlab.launch import keys as K
-from oomlab.launch.claims import Claims, LaunchConflictError, Strength
+from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import Launcher, parse_command
-from oomlab.launch.files import LaunchFile, LaunchFileError, read_json, read_yaml
+from oomlab.launch.files import LaunchFile, read_json, read_yaml
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, assumed, default_origin, file_origin, flag_origin
 from oomlab.launch.read import (
     ASSUMED_DTYPE,
@@ -33,8 +33,6 @@ from oomlab.launch.read import (
     targets_of,
     training_claims,
 )
-
-LAUNCH_COMMAND_FILES = ("launch.sh", "launch.txt", "command.txt")
 
 
 def _unmodelled_leaves(f: LaunchFile, modelled: frozenset[str], harmless: frozenset[str] = frozenset(),
@@ -163,7 +161,7 @@ def _inline_deepspeed(refs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _deepspeed_claims(claims: Claims, ds: LaunchFile) -> None:
-    for key, value in (("fp16", "fp16-mixed"), ("bf16", "bf16-mixed")):
+    for key, value in (("fp16", Precision.FP16_MIXED), ("bf16", Precision.BF16_MIXED)):
         enabled = ds.get(f"{key}.enabled")
         if enabled is True or str(enabled).lower() == "true":
             claims.say("precision", value, ds.origin(f"{key}.enabled"))
@@ -259,7 +257,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     settings = None
     if kind == "DEEPSPEED":
         config = dict(ds.data) if ds is not None else _inline_deepspeed(refs)
-        launch = read_deepspeed_config(config, precision=precision, optimizer=fields["optimizer"].value.value,
+        launch = read_deepspeed_config(config, precision=precision.value, optimizer=fields["optimizer"].value.value,
                                        **common)
         strategy, settings = launch.setup.strategy, launch.settings
         strategy_origin = ds.origin("zero_optimization.stage") if ds is not None else refs["zero_stage"][1]
@@ -364,13 +362,13 @@ def _defaults(claims: Claims, trainer: bool, spec: ModelSpec) -> None:
     t = K.TRANSFORMERS
     if trainer:
         for name, value, what in (
-                ("precision", Precision.FP32.value, "TrainingArguments fp16=False, bf16=False"),
+                ("precision", Precision.FP32, "TrainingArguments fp16=False, bf16=False"),
                 ("batch", 8, "TrainingArguments per_device_train_batch_size=8"),
                 ("checkpointing", False, "TrainingArguments gradient_checkpointing=False"),
                 ("optimizer", Optimizer.ADAMW_FUSED, "TrainingArguments optim='adamw_torch_fused' on torch >= 2.8")):
             claims.say(name, value, default_origin(t, what), Strength.DEFAULT)
     for name, value, why in (
-            ("precision", Precision.FP16_MIXED.value, "the pipeline's precision default (the seed's case)"),
+            ("precision", Precision.FP16_MIXED, "the pipeline's precision default (the seed's case)"),
             ("batch", 1, "the pipeline's batch default"),
             ("checkpointing", False, "the pipeline's checkpointing default"),
             ("optimizer", Optimizer.ADAMW, "the pipeline's optimizer default"),
@@ -385,51 +383,3 @@ def _defaults(claims: Claims, trainer: bool, spec: ModelSpec) -> None:
     claims.say("method", Method.FULL, default_origin(t, "no adapter: every parameter trains"), Strength.DEFAULT)
     claims.say("lora_rank", 8, default_origin(K.PEFT, "LoraConfig r=8"), Strength.DEFAULT)
     claims.say("lora_alpha", 8, default_origin(K.PEFT, "LoraConfig lora_alpha=8"), Strength.DEFAULT)
-
-
-def inputs_from_dir(folder: str | os.PathLike[str], gpu: str, gpus: int | None = None,
-                    model: str | None = None) -> LaunchInputs:
-    """The launch files of a folder, recognised by name and content: ``launch.sh``/``launch.txt`` (the command),
-    ``accelerate*.yaml``, a DeepSpeed JSON (``zero_optimization``), ``training_args.json`` (or any JSON with
-    ``per_device_train_batch_size``), ``adapter_config.json``, ``quantization_config.json``, ``config.json``."""
-    root = Path(folder)
-    if not root.is_dir():
-        raise InvalidValueError(f"launch_dir {str(folder)!r} is not a folder of launch files")
-    found: dict[str, str] = {}
-    command = None
-    for name in LAUNCH_COMMAND_FILES:
-        if (root / name).is_file():
-            lines = [ln for ln in (root / name).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-            command = " ".join(ln.rstrip("\\").strip() for ln in lines)
-            break
-    for path in sorted(root.iterdir()):
-        if path.suffix in (".yaml", ".yml") and "accelerate" in path.name:
-            found.setdefault("accelerate_config", str(path))
-        elif path.suffix == ".json":
-            kind = _json_kind(path)
-            if kind:
-                if kind in found:
-                    raise InvalidValueError(f"launch_dir {str(folder)!r} holds two {kind} files: {found[kind]} and "
-                                            f"{path}; keep one")
-                found[kind] = str(path)
-    if model is None and "model" in found:
-        model = found.pop("model")
-    found.pop("model", None)
-    return LaunchInputs(command=command, model=model, gpu=gpu, gpus=gpus, **found)
-
-
-def _json_kind(path: Path) -> str | None:
-    if path.name == "adapter_config.json":
-        return "adapter_config"
-    if path.name == "quantization_config.json":
-        return "quantization_config"
-    data = read_json(path).data
-    if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data:
-        return "deepspeed"
-    if "per_device_train_batch_size" in data or path.name == "training_args.json":
-        return "training_args"
-    if "model_type" in data or path.name == "config.json":
-        return "model"
-    if "peft_type" in data:
-        return "adapter_config"
-    return None

@@ -9,9 +9,10 @@ from typing import Any
 from oomlab.core.choices import Strategy
 from oomlab.core.models import load_model
 from oomlab.core.setup import TrainingSetup, make_setup
+from oomlab.launch.inputs import inputs_from_dir
 from oomlab.launch.origin import Sourced, assumed, flag_origin
 from oomlab.launch.read import UserLaunch
-from oomlab.launch.resolve import SETUP_ORDER, inputs_from_dir, read_launch
+from oomlab.launch.resolve import SETUP_ORDER, read_launch
 
 # pipeline parameter -> setup field (the pipeline's names are the setup's, but for the load dtype)
 PARAM_FIELDS = ("gpus", "strategy", "method", "precision", "optimizer", "batch", "seq", "checkpointing", "attention",
@@ -31,6 +32,10 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
     defaults = defaults or {}
     spec = load_model(params["model"])
     values = {name: params[name] for name in PARAM_FIELDS}
+    one_process = values["strategy"] == Strategy.DDP.value and values["gpus"] == 1
+    if one_process:
+        values["strategy"] = Strategy.SINGLE
+    setup = make_setup(model=spec, gpu=params["gpu"], **values)
     fields: dict[str, Sourced] = {}
     for name in ("model", *PARAM_FIELDS):
         value = params[name]
@@ -38,15 +43,12 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
             origin = assumed(f"no launch files: the pipeline's {name} default")
         else:
             origin = flag_origin(f"-p {name}={value}")
-        fields[name] = Sourced(value, origin)
-    if values["strategy"] == Strategy.DDP.value and values["gpus"] == 1:
-        values["strategy"] = Strategy.SINGLE.value
-        fields["strategy"] = Sourced(Strategy.SINGLE.value, assumed("ddp on one GPU: one process (single)"))
-    setup = make_setup(model=spec, gpu=params["gpu"], **values)
+        fields[name] = Sourced(value if name == "model" else getattr(setup, name), origin)
+    if one_process:
+        fields["strategy"] = Sourced(Strategy.SINGLE, assumed("ddp on one GPU: one process (single)"))
     fields["load_dtype"] = Sourced(params.get("dtype", "float16"),
                                    assumed("the pipeline's dtype (what from_pretrained loads)"))
     fields["zero3_init"] = Sourced(True, assumed("a ZeRO-3 launch loads under zero.Init, as the HF Trainer does"))
-    fields["lora_targets"] = Sourced(setup.lora_targets, fields["lora_targets"].origin)
     ordered = {name: fields[name] for name in SETUP_ORDER if name in fields}
     return UserLaunch(setup=setup, fields=ordered, deepspeed=None, launcher=None, trainer=True, command=None,
                       unmodelled=(), files=())
@@ -64,9 +66,6 @@ def setup_kwargs(setup: TrainingSetup) -> dict[str, Any]:
 
 
 def setup_rows(launch: UserLaunch) -> list[tuple[str, str, str]]:
-    """``(field, value, origin)`` of every field, for a table."""
-    def shown(value: Any) -> str:
-        value = getattr(value, "value", value)
-        return ",".join(value) if isinstance(value, tuple) else str(value)
-    return [(name, shown(s.value), str(s.origin)) for name, s in launch.fields.items()]
+    """``(field, value, origin)`` of every field, for a table (``oomlab check``'s and notebook 01's)."""
+    return [(name, s.shown, str(s.origin)) for name, s in launch.fields.items()]
 

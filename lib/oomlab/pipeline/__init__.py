@@ -1,1 +1,1 @@
-"""Stage 6: the pipeline -- the parameter registry (no torch on import) and the papermill runner."""
+"""Stage 7: the pipeline -- the parameter registry (no torch on import) and the papermill runner."""

@@ -18,6 +18,7 @@ from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ALL_LINEAR, load_model
 from oomlab.core.prices import HOST_RAM_AUTO
+from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_GPUS, SEED_MODEL
 from oomlab.core.setup import DEFAULT_LORA_TARGETS, MAX_GPUS_PER_NODE
 from oomlab.core.units import parse_memory_size
 
@@ -57,12 +58,12 @@ def _launch_dir(value: str) -> str:
 PARAMETERS: dict[str, Param] = {
     p.name: p
     for p in (
-        Param("model", str, "llama-13b", "shipped model name or path to a config.json",
+        Param("model", str, SEED_MODEL, "shipped model name or path to a config.json",
               canonical=lambda v: load_model(v).name),
-        Param("dtype", str, "float16", "storage dtype of the weights",
+        Param("dtype", str, SEED_DTYPE, "storage dtype of the weights",
               canonical=lambda v: load_dtype(v).name),
-        Param("gpu", str, "t4", "GPU model", canonical=lambda v: load_gpu(v).name),
-        Param("gpus", int, 4, "number of GPUs", minimum=1),
+        Param("gpu", str, SEED_GPU, "GPU model", canonical=lambda v: load_gpu(v).name),
+        Param("gpus", int, SEED_GPUS, "number of GPUs", minimum=1),
         Param("non_pytorch_mib", float, None, "MiB held on the GPU outside PyTorch (None: measured/default)",
               minimum=0),
         Param("device", str, "auto", "where to reproduce the failure", choices=tuple(d.value for d in Device)),
@@ -88,7 +89,7 @@ PARAMETERS: dict[str, Param] = {
               "they decide the setup; none: the setup is the parameters above, stated as assumptions",
               canonical=_launch_dir),
         Param("host_ram", str, HOST_RAM_AUTO, "host RAM per node, with its unit; auto: assumed, the listed instance "
-              "with these GPUs (specs/prices.json; 192 GiB, the seed's 4 x T4 g4dn.12xlarge, when none is listed)",
+              f"with these GPUs (specs/prices.json; the seed's {SEED_GPUS} x {SEED_GPU} machine's when none is listed)",
               canonical=lambda v: v if str(v).strip().lower() == HOST_RAM_AUTO else (parse_memory_size(v), v)[1]),
         Param("trace", bool, True, "also trace setups with PyTorch's MemTracker (seconds each, cached)"),
     )

@@ -32,7 +32,7 @@ from oomlab.core.setup import TrainingSetup
 
 TRAIN_SCRIPT = "train.py"
 # accelerate's --mixed_precision of each precision train.py runs (it keeps fp32 trainable weights, so the pure-half
-# precisions have none)
+# precisions have none); oomlab.launch.keys.ACCELERATE_MIXED reads a user's mixed_precision back through it
 ACCELERATE_MIXED_PRECISION = {Precision.FP32: "no", Precision.FP16_MIXED: "fp16", Precision.BF16_MIXED: "bf16"}
 ADAMW_PARAMS = {"lr": 2e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}  # train.py's defaults
 

@@ -3,9 +3,10 @@ words -- each written once, from the result objects (the report rebuilds them fr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from oomlab.budget.result import Fit
 from oomlab.core.choices import Method
 from oomlab.core.gpus import load_gpu
 from oomlab.core.seed import SEED_DTYPE, is_seed_case
@@ -14,12 +15,9 @@ from oomlab.core.words import count
 from oomlab.remedies.knobs import KnobChange
 from oomlab.remedies.placement import DeviceMapPlacement, layer_index
 from oomlab.remedies.plan import Outcome, Plan
-from oomlab.remedies.remedy import Remedy, launcher
+from oomlab.remedies.remedy import Remedy, format_tokens_per_s, launcher
 
-
-def format_tokens_per_s(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
+SEED_ROW_PREFIX = "as configured: "  # the user's configuration's row, named in the ranked table
 
 REMEDY_HEADERS = ("#", "remedy", "launched by", "fits", "per-GPU peak", "headroom", "host RAM", "max micro-batch",
                   "max seq (batch 1)", "tokens/s", "why")
@@ -31,7 +29,8 @@ def remedy_rows(seed: Remedy, remedies: Sequence[Remedy], top: int = 15, *, comp
     """The user's configuration, then the ``top`` ranked remedies, as display rows (``compact``: the report's)."""
     rows = []
     for i, r in enumerate([seed, *remedies[:top]]):
-        row = ("as configured" if i == 0 else str(i), r.name, launcher(r.route, r.strategy), "yes" if r.fits else "no",
+        row = ("as configured" if i == 0 else str(i), SEED_ROW_PREFIX + r.name if i == 0 else r.name,
+               launcher(r.route, r.strategy), "yes" if r.fits else "no",
                format_signed_size(r.per_gpu_peak_bytes), format_signed_size(r.headroom_bytes),
                format_signed_size(r.host_ram_bytes), "-" if r.max_batch is None else str(r.max_batch))
         if compact:
@@ -80,8 +79,8 @@ def heading(plan: Plan) -> str:
     who = configured_words(plan.model, plan.gpu, plan.gpus)
     run = (f"{seed.strategy.value if seed.strategy.value != 'single' else 'one process'}, "
            f"{seed.method.value} fine-tuning, {seed.precision.value}, {seed.optimizer.value}")
-    state = "fits" if seed.fits else "does not fit" + (" (notebook 01 reproduced why)" if "fails before training"
-                                                       in seed.reason else "")
+    state = Fit.of(seed.fits).value + (" (notebook 01 reproduced why)" if seed.fails_at_load and not seed.fits
+                                       else "")
     return (f"**Which configuration trains {plan.model} on {plan.nodes * plan.gpus} × {gpu}?** {who.capitalize()} "
             f"({run}) {state}.")
 
@@ -108,6 +107,20 @@ def verdict(plan: Plan) -> str:
         return (f"**It fits {where} only with harmful changes** (pure half precision without master weights, or "
                 "SGD): no sound configuration oomlab knows fits.")
     return f"**No configuration oomlab knows fits {where}**, on the GPUs or in host RAM."
+
+
+def micro_batches(max_batch: int) -> str:
+    """The micro-batches that fit, worded: "micro-batch 1 only" rather than "micro-batch up to 1"."""
+    return "micro-batch 1 only" if max_batch == 1 else f"micro-batch up to {max_batch}"
+
+
+def otherwise_sentence(rec: Remedy, rank: int, note: str, esc: Callable[[str], str] = str) -> str:
+    """The recommended fix in one sentence, after the configuration as given did not fit (the report's answer);
+    ``rank``: its row in the ranked table, ``note``: why it is not the first row; ``esc`` escapes user text."""
+    return (f"**Otherwise, yes:** {esc(rec.name)} fits at {format_size(rec.per_gpu_peak_bytes)} per GPU "
+            f"({format_size(rec.headroom_bytes)} headroom, {micro_batches(rec.max_batch)}, about "
+            f"{format_tokens_per_s(rec.tokens_per_s)} tokens/s estimated) — the recommended fix below."
+            + (f" It is not the table's first row: {esc(note)}." if rank != 1 else ""))
 
 
 def render_plan(plan: Plan, top: int = 15) -> str:
@@ -147,8 +160,8 @@ def summarize(plan: Plan) -> str:
     who = configured_words(plan.model, plan.gpu, plan.gpus)
     example = f", e.g. bf16 on the {gpu.display_name}" if not gpu.bf16 else ""
     lines = [
-        f"**{who.capitalize()} does not fit.** {seed.reason}." if not seed.fits else
-        f"**{who.capitalize()} fits**: {seed.reason}.",
+        f"**{who.capitalize()} {Fit.NO.value}.** {seed.reason}." if not seed.fits else
+        f"**{who.capitalize()} {Fit.FITS.value}**: {seed.reason}.",
         verdict(plan),
         f"Of {len(plan.remedies)} configurations budgeted ({len(plan.dropped)} more dropped because the "
         f"{gpu.display_name} or the libraries cannot run them{example}), {len(plan.fitting)} fit on "
@@ -163,7 +176,7 @@ def summarize(plan: Plan) -> str:
         closest = min((r for r in plan.remedies if r.method is Method.FULL and not any(
             c.harmful for c in r.caveats)), key=lambda r: r.per_gpu_peak_bytes or 0, default=None)
         if closest is not None:
-            outcome = "fits the GPUs but not the host RAM" if closest.gpu_fits else "does not fit"
+            outcome = Fit.of(closest.fits, closest.gpu_fits).value
             lines.append(f"**Full fine-tuning {outcome}** with fp32 master weights and AdamW: the closest, "
                          f"{closest.name}, {closest.reason}." + (
                              f" {len(full)} full fine-tuning variants fit only by dropping master weights or AdamW."
@@ -172,7 +185,7 @@ def summarize(plan: Plan) -> str:
         lines.append(
             f"**Recommended: {rec.name}.** {rec.reason}; host RAM {format_size(rec.host_ram_bytes or 0)}; up to "
             f"micro-batch {rec.max_batch} at {plan.seq} tokens, or {rec.max_seq} tokens at micro-batch 1; about "
-            f"{rec.tokens_per_s:,.0f} tokens/s under the stated assumptions. It "
+            f"{format_tokens_per_s(rec.tokens_per_s)} tokens/s under the stated assumptions. It "
             + "; it ".join(c.text for c in rec.caveats) + "." + (f" Why this one: {plan.recommendation_note}."
                                                                   if rec is not plan.remedies[0] else ""))
     knobs_fit = [k for k in plan.knobs if k.fits and len(k.changes) == 1]

@@ -33,15 +33,15 @@ from oomlab.core.gpus import GPUSpec, known_gpus, load_gpu
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.prices import (
     HOST_RAM_AUTO,
-    InstancePrice,
     PriceTable,
+    RowPrice,
     assumed_host_ram,
     load_prices,
     resolve_host_ram,
+    row_price,
 )
 from oomlab.core.search import largest_true
 from oomlab.core.setup import MAX_GPUS_PER_NODE, MAX_NODES, TrainingSetup, make_setup
-from oomlab.core.units import format_size
 from oomlab.remedies.placement import DeviceMapPlacement
 from oomlab.remedies.plan import HEADROOM_GAIN, Candidate, fold_label_twins, plan_grid, rank_key, recommend
 from oomlab.remedies.remedy import Evaluation, Evaluator, Remedy, caveats, evaluate_remedy, reason, remedy_name
@@ -50,15 +50,6 @@ from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, describ
 __all__ = ["DEFAULT_COUNTS", "HardwareOption", "HardwareSearch", "gpu_counts", "search_hardware"]
 
 DEFAULT_COUNTS = (1, 2, 4, 8)  # GPUs per node searched by default (--max-gpus 8)
-
-
-@dataclass(frozen=True)
-class RowPrice:
-    """What one row of hardware costs per hour, and from which listed instance."""
-
-    usd_per_hour: float  # every GPU of the row together
-    instance: InstancePrice
-    basis: str  # how the price was made from the listed instance
 
 
 @dataclass(frozen=True)
@@ -117,7 +108,20 @@ class HardwareOption:
                 "price_basis": None if self.price is None else self.price.basis,
                 "price_source": None if self.price is None else self.price.instance.source,
                 "price_date": None if self.price is None else self.price.instance.date,
-                "usd_per_million_tokens": self.usd_per_million_tokens}
+                "usd_per_million_tokens": self.usd_per_million_tokens,
+                "price": None if self.price is None else self.price.to_dict()}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> HardwareOption:
+        """The inverse of :meth:`to_dict` (the remedy without its setup and step time: for display from results
+        JSON)."""
+        remedy, price = raw["remedy"], raw["price"]
+        return cls(gpu=raw["gpu"], display_name=raw["display_name"], gpus=int(raw["gpus"]), nodes=int(raw["nodes"]),
+                   host_ram_bytes=int(raw["host_ram_bytes"]), host_ram_source=raw["host_ram_source"],
+                   remedy=None if remedy is None else Remedy.from_dict(remedy), reason=raw["reason"],
+                   candidates=int(raw["candidates"]), budgeted=int(raw["budgeted"]),
+                   price=None if price is None else RowPrice.from_dict(price),
+                   gpu_capacity_bytes=int(raw["gpu_capacity_bytes"]))
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,14 @@ class HardwareSearch:
                 "fewest_gpus": label(self.fewest_gpus), "pareto": [o.label for o in self.pareto],
                 "prices_source": self.prices_source, "assumptions": list(self.assumptions), "seconds": self.seconds}
 
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> HardwareSearch:
+        """The inverse of :meth:`to_dict` (the rankings are recomputed from the rows, as the properties they are)."""
+        return cls(model=raw["model"], methods=tuple(Method(m) for m in raw["methods"]), seq=int(raw["seq"]),
+                   lora_rank=int(raw["lora_rank"]), options=tuple(HardwareOption.from_dict(o) for o in raw["options"]),
+                   prices_source=raw["prices_source"], assumptions=tuple(raw["assumptions"]),
+                   seconds=float(raw["seconds"]))
+
 
 def _dominates(p: HardwareOption, o: HardwareOption) -> bool:
     pc, oc = p.usd_per_million_tokens, o.usd_per_million_tokens
@@ -187,32 +199,19 @@ def gpu_counts(max_gpus: int = DEFAULT_COUNTS[-1]) -> tuple[int, ...]:
     return _powers_of_two_to("max_gpus", max_gpus, MAX_GPUS_PER_NODE)
 
 
+def _check_count(name: str, n: Any, ceiling: int) -> None:
+    """``n`` must be an integer from 1 to ``ceiling`` (a count of GPUs or nodes)."""
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= ceiling:
+        raise InvalidValueError(f"invalid {name} {n!r}; must be an integer from 1 to {ceiling}")
+
+
 def _powers_of_two_to(name: str, top: int, ceiling: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to ``top``, and ``top`` itself; ``top`` must be an integer from 1 to ``ceiling``."""
-    if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= ceiling:
-        raise InvalidValueError(f"invalid {name} {top!r}; must be an integer from 1 to {ceiling}")
+    _check_count(name, top, ceiling)
     counts = [1]
     while counts[-1] * 2 <= top:
         counts.append(counts[-1] * 2)
     return tuple(counts) if counts[-1] == top else (*counts, top)
-
-
-def row_price(table: PriceTable, gpu: str, gpus: int, nodes: int) -> RowPrice | None:
-    """The row's $/hour: the cheapest listed instance with exactly ``gpus`` GPUs, once per node; else ``gpus`` ×
-    ``nodes`` GPU-hours at the cheapest listed $/GPU-hour (None when the table lists no instance with this GPU)."""
-    exact = [i for i in table.for_gpu(gpu) if i.gpus_per_instance == gpus]
-    times = f"{nodes} × " if nodes > 1 else ""
-    if exact:
-        inst = min(exact, key=lambda i: (i.usd_per_hour, i.label))
-        return RowPrice(nodes * inst.usd_per_hour, inst,
-                        f"{times}{inst.label} at ${inst.usd_per_hour:.2f}/h (list price, {inst.date})")
-    inst = table.cheapest_per_gpu_hour(gpu)
-    if inst is None:
-        return None
-    n = gpus * nodes
-    return RowPrice(n * inst.usd_per_gpu_hour, inst,
-                    f"{n} GPU-hours at ${inst.usd_per_gpu_hour:.2f} ({inst.label}, {inst.gpus_per_instance} GPUs; "
-                    f"no {gpus}-GPU instance listed; list price, {inst.date})")
 
 
 def _closest(evaluated: Sequence[tuple[Evaluation, Candidate]], n_candidates: int, host_ram_bytes: int) -> str:
@@ -346,11 +345,10 @@ def search_hardware(
     chosen = tuple(dict.fromkeys(choice(Method, m, "method") for m in (methods or tuple(Method))))
     gpu_specs = tuple(load_gpu(g) for g in (known_gpus() if gpus is None else gpus))
     counts = gpu_counts(max_gpus)
-    node_counts = tuple(dict.fromkeys(nodes))
-    for n in node_counts:
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_NODES:
-            raise InvalidValueError(f"invalid nodes {n!r}; must be an integer from 1 to {MAX_NODES}")
-    if not node_counts:
+    searched_nodes = tuple(dict.fromkeys(nodes))
+    for n in searched_nodes:
+        _check_count("nodes", n, MAX_NODES)
+    if not searched_nodes:
         raise InvalidValueError("no node counts given; give at least one, e.g. nodes=(1,)")
     if seq > spec.max_position_embeddings:
         raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
@@ -360,7 +358,7 @@ def search_hardware(
     table = prices if isinstance(prices, PriceTable) else load_prices(prices)
     options = []
     for gpu in gpu_specs:
-        for n_nodes in node_counts:
+        for n_nodes in searched_nodes:
             for count in counts if n_nodes == 1 else (max_gpus,):
                 if given_host is not None:
                     host, host_source = given_host, "given"
@@ -386,38 +384,3 @@ def search_hardware(
 def node_counts(max_nodes: int = 1) -> tuple[int, ...]:
     """Node counts searched: 1, 2, 4, ... up to ``max_nodes``, and ``max_nodes`` itself."""
     return _powers_of_two_to("nodes", max_nodes, MAX_NODES)
-
-
-def _cost(o: HardwareOption | None) -> str:
-    if o is None or o.usd_per_million_tokens is None:
-        return "no list price"
-    return f"${o.usd_per_million_tokens:.3f}"
-
-
-def render_search(search: HardwareSearch) -> str:
-    """The search as text: the three rankings' winners, the pareto front, then one line per row."""
-    methods = "/".join(m.value for m in search.methods)
-    lines = [f"which GPUs would train {search.model} ({methods}, seq {search.seq}): {len(search.options)} rows, "
-             f"{len(search.fitting)} fit; searched in {search.seconds:.2f} s"]
-    for title, o in (("cheapest per token", search.cheapest), ("fastest", search.fastest),
-                     ("fewest GPUs", search.fewest_gpus)):
-        if o is None:
-            lines.append(f"  {title:<19} nothing fits")
-        else:
-            lines.append(f"  {title:<19} {o.label}: {o.remedy.name}; {o.tokens_per_s:,.0f} tokens/s, "
-                         f"{_cost(o)} per million tokens")
-    lines.append("  pareto front (cost vs tokens/s): " + (", ".join(o.label for o in search.pareto) or "none"))
-    lines.append("")
-    lines.append(f"  {'hardware':<26} {'peak/GPU':>10} {'headroom':>10} {'max mb':>6} {'tokens/s':>9} "
-                 f"{'$/M tok':>8}  best remedy (or why none)")
-    for o in search.options:
-        r = o.remedy
-        if r is None:
-            lines.append(f"  {o.label:<26} {'-':>10} {'-':>10} {'-':>6} {'-':>9} {'-':>8}  {o.reason}")
-            continue
-        cost = "-" if o.usd_per_million_tokens is None else f"{o.usd_per_million_tokens:.3f}"
-        lines.append(f"  {o.label:<26} {format_size(r.per_gpu_peak_bytes):>10} {format_size(r.headroom_bytes):>10} "
-                     f"{r.max_batch or '-':>6} {o.tokens_per_s:>9,.0f} {cost:>8}  {r.name}")
-    lines.append("")
-    lines += [f"  NB: {a}" for a in search.assumptions]
-    return "\n".join(lines) + "\n"

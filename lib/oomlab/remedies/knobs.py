@@ -5,24 +5,28 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from oomlab.core.choices import Route
+from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy, plain
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.remedies.remedy import Evaluator, reason
 
-DEVICE_MAP_KNOB = Route.DEVICE_MAP.value  # the "strategy" knob's value for accelerate's device_map route
+# a knob's value: the member (or number) of the setup field it changes; the strategy knob also takes accelerate's
+# device_map route (one process, strategy single), never paired with a strategy
+KnobValue = Strategy | Route | Method | Precision | Optimizer | bool | int
 # on one GPU these run what `single` runs (sharding or replicating over one GPU, device_map onto it): not knobs
-ONE_GPU_SKIPPED = ("ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp2", DEVICE_MAP_KNOB)
+ONE_GPU_SKIPPED = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP, Strategy.FSDP2,
+                   Route.DEVICE_MAP)
 
-KNOB_VALUES: dict[str, tuple[Any, ...]] = {
-    "strategy": ("single", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload", "fsdp", "fsdp-offload",
-                 "fsdp2", "fsdp2-offload", DEVICE_MAP_KNOB),
-    "method": ("lora", "qlora"),
-    "precision": ("fp32", "fp16", "bf16-mixed", "bf16"),
-    "optimizer": ("adamw", "adamw-fused", "adamw-8bit", "sgd"),
+KNOB_VALUES: dict[str, tuple[KnobValue, ...]] = {
+    "strategy": (Strategy.SINGLE, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.ZERO2_OFFLOAD,
+                 Strategy.ZERO3_OFFLOAD, Strategy.FSDP, Strategy.FSDP_OFFLOAD, Strategy.FSDP2, Strategy.FSDP2_OFFLOAD,
+                 Route.DEVICE_MAP),
+    "method": (Method.LORA, Method.QLORA),
+    "precision": (Precision.FP32, Precision.FP16, Precision.BF16_MIXED, Precision.BF16),
+    "optimizer": (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_8BIT, Optimizer.SGD),
     "checkpointing": (True,),
     "seq": (1024, 512),
 }
@@ -30,13 +34,19 @@ KNOB_VALUES: dict[str, tuple[Any, ...]] = {
 
 @dataclass(frozen=True)
 class KnobChange:
-    """One row of the knob table: the user's configuration with one or two knobs changed."""
+    """One row of the knob table: the user's configuration with one or two knobs changed.
 
-    changes: tuple[tuple[str, str], ...]  # (knob, new value)
+    ``setup`` and ``route`` are the changed configuration, what a reader of the row acts on; ``changes`` is its text
+    (for display and JSON only).  Both are None where the change is refused (``dropped``) and in a row read back from
+    JSON, which keeps the text alone."""
+
+    changes: tuple[tuple[str, str], ...]  # (knob, new value) as shown
     per_gpu_peak_bytes: int | None
     host_ram_bytes: int | None
     fits: bool
     reason: str
+    setup: TrainingSetup | None = field(default=None, repr=False, compare=False)
+    route: Route | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"changes": [list(c) for c in self.changes], "per_gpu_peak_bytes": self.per_gpu_peak_bytes,
@@ -48,7 +58,7 @@ class KnobChange:
                    raw["host_ram_bytes"], bool(raw["fits"]), raw["reason"])
 
 
-def _knob_setup(base: TrainingSetup, changes: Sequence[tuple[str, Any]]) -> tuple[TrainingSetup, Route]:
+def _knob_setup(base: TrainingSetup, changes: Sequence[tuple[str, KnobValue]]) -> tuple[TrainingSetup, Route]:
     kwargs: dict[str, Any] = {"model": base.model, "gpu": base.gpu, "gpus": base.gpus, "nodes": base.nodes,
                               "strategy": base.strategy, "method": base.method, "precision": base.precision,
                               "optimizer": base.optimizer, "batch": base.batch, "seq": base.seq,
@@ -57,44 +67,40 @@ def _knob_setup(base: TrainingSetup, changes: Sequence[tuple[str, Any]]) -> tupl
                               "lora_targets": base.lora_targets}
     route = Route.PROCESS_PER_GPU
     for knob, value in changes:
-        if knob == "strategy" and value == DEVICE_MAP_KNOB:
-            route, value = Route.DEVICE_MAP, "single"
+        if value is Route.DEVICE_MAP:
+            route, value = Route.DEVICE_MAP, Strategy.SINGLE
         kwargs[knob] = value
     return make_setup(**kwargs), route
 
 
-def _current(setup: TrainingSetup, knob: str) -> Any:
-    value = getattr(setup, knob)
-    return getattr(value, "value", value)
-
-
-def _shown(knob: str, value: Any) -> tuple[str, str]:
-    return knob, str(value).lower() if isinstance(value, bool) else str(value)
+def _shown(knob: str, value: KnobValue) -> tuple[str, str]:
+    return knob, str(value).lower() if isinstance(value, bool) else str(plain(value))
 
 
 def knob_table(base: TrainingSetup, host_ram_bytes: int, outside_bytes: int | None = None,
                evaluator: Evaluator | None = None) -> tuple[KnobChange, ...]:
     """Single-knob changes of ``base``, then every pair that fits although neither of its changes fits alone."""
     ev_fn = evaluator or Evaluator(host_ram_bytes, outside_bytes)
-    singles = [(k, v) for k, values in KNOB_VALUES.items() for v in values if _current(base, k) != v
-               and not (k == "strategy" and base.world_size == 1 and v in ONE_GPU_SKIPPED)]
+    singles = [(k, v) for k, values in KNOB_VALUES.items() for v in values if getattr(base, k) != v
+               and not (base.world_size == 1 and v in ONE_GPU_SKIPPED)]
 
-    def row(changes: tuple[tuple[str, Any], ...]) -> KnobChange:
+    def row(changes: tuple[tuple[str, KnobValue], ...]) -> KnobChange:
         shown = tuple(_shown(k, v) for k, v in changes)
         try:
             setup, route = _knob_setup(base, changes)
         except InvalidValueError as err:
             return KnobChange(shown, None, None, False, f"dropped: {err}")
         ev = ev_fn(setup, route=route)
-        return KnobChange(shown, ev.per_gpu_peak_bytes, ev.host_ram_bytes, ev.fits, reason(ev, setup, host_ram_bytes))
+        return KnobChange(shown, ev.per_gpu_peak_bytes, ev.host_ram_bytes, ev.fits, reason(ev, setup, host_ram_bytes),
+                          setup, route)
 
-    rows = [row(((k, v),)) for k, v in singles]
-    fitting_single = {r.changes[0] for r in rows if r.fits}
+    rows = [row((change,)) for change in singles]
+    fitting_single = [change for change, r in zip(singles, rows, strict=True) if r.fits]
     pairs = []
     for (k1, v1), (k2, v2) in itertools.combinations(singles, 2):
         if k1 == k2:
             continue
-        if _shown(k1, v1) in fitting_single or _shown(k2, v2) in fitting_single:
+        if (k1, v1) in fitting_single or (k2, v2) in fitting_single:
             continue  # not minimal: one change alone already fits
         r = row(((k1, v1), (k2, v2)))
         if r.fits:

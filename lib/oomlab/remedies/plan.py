@@ -17,7 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
+from oomlab.budget.result import Fit
+from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy, choice
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ModelSpec, load_model
@@ -27,7 +28,15 @@ from oomlab.core.units import format_size
 from oomlab.remedies.knobs import KnobChange, knob_table
 from oomlab.remedies.launch_files import files_for
 from oomlab.remedies.placement import DeviceMapPlacement, place_device_map
-from oomlab.remedies.remedy import MAX_BATCH_SEARCH, Evaluator, Remedy, caveats, dropped_remedy, evaluate_remedy
+from oomlab.remedies.remedy import (
+    MAX_BATCH_SEARCH,
+    Evaluator,
+    Remedy,
+    caveats,
+    dropped_remedy,
+    evaluate_remedy,
+    format_tokens_per_s,
+)
 from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, describe_assumptions
 from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.walk import unlimited_walk
@@ -40,7 +49,6 @@ ONE_GPU_NOTE = ("one GPU: DDP, DeepSpeed ZeRO-1/2/3, FSDP1/FSDP2 full shard and 
                 "one GPU each runs what the single-GPU launch runs); the CPU-offload strategies stay")
 
 
-SEED_ROW_PREFIX = "as configured: "  # the user's configuration's row
 HEADROOM_GAIN = 0.10  # a remedy about as fast is preferred for its headroom when it leaves this share of the GPU more
 
 
@@ -49,7 +57,7 @@ class Outcome(enum.Enum):
 
     FITS = "fits as configured"  # the user's configuration fits the GPUs and the host RAM
     FIXED = "a remedy fits"  # a sound remedy that oomlab writes launch files for fits
-    HOST_RAM = "fits the GPUs but not the host RAM"  # a sound remedy fits every GPU; the host RAM is too small
+    HOST_RAM = Fit.GPU_ONLY.value  # a sound remedy fits every GPU; the host RAM is too small
     HARMFUL_ONLY = "fits only with harmful changes"  # only pure half precision or SGD fit
     NOTHING = "nothing fits"  # no configuration oomlab knows fits the GPUs
 
@@ -64,7 +72,7 @@ class Plan:
     nodes: int
     seq: int
     host_ram_bytes: int
-    seed: Remedy  # the user's configuration
+    seed: Remedy  # the user's configuration (its row is named as the others are; displays say "as configured")
     remedies: tuple[Remedy, ...]  # ranked: fitting by tokens/s, then the rest by per-GPU peak
     dropped: tuple[Remedy, ...]  # what the hardware cannot run, with the reason
     knobs: tuple[KnobChange, ...]  # single changes, then the minimal pairs that fit
@@ -148,8 +156,9 @@ def recommend(remedies: tuple[Remedy, ...], uncertainty: float = 0.10) -> tuple[
     if unlaunched:
         reasons.append(f"oomlab writes no launch files for {', '.join(r.name for r in unlaunched[:2])}")
     if chosen is not best:
-        reasons.append(f"{best.name} (rank {ranked.index(best) + 1}) is estimated at {best.tokens_per_s:,.0f} "
-                       f"tokens/s and this one at {chosen.tokens_per_s:,.0f}: within the estimate's own uncertainty "
+        reasons.append(f"{best.name} (rank {ranked.index(best) + 1}) is estimated at "
+                       f"{format_tokens_per_s(best.tokens_per_s)} tokens/s and this one at "
+                       f"{format_tokens_per_s(chosen.tokens_per_s)}: within the estimate's own uncertainty "
                        f"(±{uncertainty:.0%}: the MFU is assumed), so the one with more headroom "
                        f"({format_size(chosen.headroom_bytes or 0)} against {format_size(best.headroom_bytes or 0)})"
                        " is recommended")
@@ -196,26 +205,28 @@ def seed_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int
     """The configuration as given; by default the seed's: a full replica per GPU (``model.to('cuda')`` in each
     process), full fine-tuning.  ``strategy`` None or ``ddp`` on one GPU is ``single``."""
     one_gpu = gpus * nodes == 1
-    if strategy is None or (one_gpu and str(getattr(strategy, "value", strategy)) == Strategy.DDP.value):
+    if strategy is None or (one_gpu and choice(Strategy, strategy, "strategy") is Strategy.DDP):
         strategy = Strategy.SINGLE if one_gpu else Strategy.DDP
     return make_setup(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
                       precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,
                       attention=attention, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)
 
 
-def _seed_reason(remedy: Remedy, setup: TrainingSetup) -> str:
-    """The seed row's reason: the replica alone, as notebook 01 reproduced (for launches that move one to each
-    GPU), then the step."""
+def _seed_row(remedy: Remedy, setup: TrainingSetup) -> Remedy:
+    """The seed row: its reason says the replica alone, as notebook 01 reproduced (for launches that move one to
+    each GPU), then the step; ``fails_at_load`` when that move already fails."""
     if setup.strategy not in (Strategy.SINGLE, Strategy.DDP):
-        return remedy.reason
+        return remedy
     try:
         need = unlimited_walk(setup.model.name, "float16")[-1].reserved_bytes
     except Exception:  # noqa: BLE001 - a model given by path: state the step only
-        return remedy.reason
+        return remedy
     usable = setup.gpu.total_memory_bytes - case_outside(setup.model.name, setup.gpu, setup.world_size).context_bytes
-    where = "fails before training: " if need > usable else ""
-    return (f"{where}model.to('cuda') of the fp16 replica reserves {format_size(need)} on each GPU, "
-            f"{format_size(usable)} usable (notebook 01); the training step: {remedy.reason}")
+    fails = need > usable
+    where = "fails before training: " if fails else ""
+    return replace(remedy, fails_at_load=fails, reason=(
+        f"{where}model.to('cuda') of the fp16 replica reserves {format_size(need)} on each GPU, "
+        f"{format_size(usable)} usable (notebook 01); the training step: {remedy.reason}"))
 
 
 def rank_key(fits: bool, recommendable: bool, tokens_per_s: float | None, optimizer: Optimizer,
@@ -316,7 +327,7 @@ def make_plan(
                       method=method, lora_targets=lora_targets, lora_alpha=lora_alpha)
     evaluator = Evaluator(host_ram_bytes, outside_bytes)
     seed = evaluate_remedy(base, host_ram_bytes, assumptions=assumptions, evaluator=evaluator)
-    seed = replace(seed, reason=_seed_reason(seed, base), name=SEED_ROW_PREFIX + seed.name)
+    seed = _seed_row(seed, base)
     remedies, dropped = [], []
     for c in plan_grid(spec, gpu_spec, gpus, nodes, batch=batch, seq=seq, attention=attention, lora_rank=lora_rank):
         if c.setup is None:

@@ -21,6 +21,11 @@ from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, StepTim
 MAX_BATCH_SEARCH = 4096  # the micro-batch search stops here
 
 
+def format_tokens_per_s(value: float | None) -> str:
+    """Estimated tokens per second as every table and sentence shows them: ``12,345``; ``-`` when none."""
+    return "-" if value is None else f"{value:,.0f}"
+
+
 @dataclass(frozen=True)
 class Caveat:
     """What a remedy changes besides memory."""
@@ -55,6 +60,7 @@ class Remedy:
     dropped: bool = False  # the hardware or the libraries cannot run it
     gpu_fits: bool = False  # fits every GPU (host RAM aside)
     same_as: tuple[str, ...] = ()  # rows with the same figures that differ only in a label, folded into this one
+    fails_at_load: bool = False  # moving the model to the GPUs already fails, before the first step (the seed's row)
     step: StepTime | None = field(default=None, compare=False)
     setup: TrainingSetup | None = field(default=None, repr=False, compare=False)
 
@@ -77,7 +83,7 @@ class Remedy:
                 "config_files": list(self.config_files),
                 "breaking_component": None if self.breaking_component is None else self.breaking_component.value,
                 "caveats": [{"text": c.text, "harmful": c.harmful} for c in self.caveats], "dropped": self.dropped,
-                "gpu_fits": self.gpu_fits, "same_as": list(self.same_as),
+                "gpu_fits": self.gpu_fits, "same_as": list(self.same_as), "fails_at_load": self.fails_at_load,
                 "recommendable": self.recommendable, "step_time": step}
 
     @classmethod
@@ -94,6 +100,7 @@ class Remedy:
             breaking_component=None if breaking is None else MemCategory(breaking),
             caveats=tuple(Caveat(c["text"], bool(c["harmful"])) for c in raw["caveats"]), dropped=bool(raw["dropped"]),
             gpu_fits=bool(raw.get("gpu_fits", raw["fits"])), same_as=tuple(raw.get("same_as", ())),
+            fails_at_load=bool(raw.get("fails_at_load", False)),
         )
 
 

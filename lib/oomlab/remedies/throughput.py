@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from oomlab.budget import activations as act
 from oomlab.budget import deepspeed_layout
 from oomlab.budget.deepspeed import model_dtype_bytes, zero_states
+from oomlab.budget.result import MemCategory
+from oomlab.budget.sharding import Share, share
 from oomlab.budget.states import grad_bytes_per_param, lora_parameters, trainable_parameters, weight_bytes_total
 from oomlab.core.choices import Method, Precision, Route, Strategy
 from oomlab.core.gpus import GPUSpec
@@ -122,7 +124,7 @@ def matmul_parameters(setup: TrainingSetup) -> int:
 def attention_flops_per_token(setup: TrainingSetup) -> int:
     """Forward QK^T and AV: ``2 · 2 · s · d_attn`` per token per layer (the full square, as FlopCounterMode)."""
     spec = setup.model
-    return spec.num_hidden_layers * 4 * setup.seq * spec.num_attention_heads * spec.head_dim
+    return spec.num_hidden_layers * 4 * setup.seq * spec.q_dim
 
 
 def flops_per_token(setup: TrainingSetup) -> Flops:
@@ -143,7 +145,7 @@ def flops_per_token(setup: TrainingSetup) -> Flops:
         backward = 2 * (n - first_qkv) + 4 * lora + 2 * attn
     recompute = 0
     if setup.checkpointing:
-        recompute = 2 * (n - spec.vocab_size * spec.hidden_size) + 2 * lora + attn
+        recompute = 2 * (n - spec.embedding_params) + 2 * lora + attn
     return Flops(forward, backward, recompute)
 
 
@@ -207,16 +209,17 @@ def host_link_bytes(setup: TrainingSetup) -> int:
     partition in for every gather (forward and backward).
     """
     n = setup.world_size
+    weights_host = share(setup, MemCategory.WEIGHTS) is Share.HOST
     if setup.strategy.deepspeed:
-        if not setup.strategy.offloads_optimizer:
+        if share(setup, MemCategory.OPTIMIZER_STATE) is not Share.HOST:
             return 0
         lp, trained = model_dtype_bytes(setup), trainable_parameters(setup)
         if setup.strategy.zero_stage == 2:
             return ceil_div((4 + lp) * trained, n)
-        params = ceil_div(lp * sum(deepspeed_layout.all_numels(setup)), n) if setup.strategy.offloads else 0
-        updated = 0 if setup.strategy.offloads else ceil_div(lp * trained, n)
+        params = ceil_div(lp * sum(deepspeed_layout.all_numels(setup)), n) if weights_host else 0
+        updated = 0 if weights_host else ceil_div(lp * trained, n)
         return ceil_div(lp * trained, n) + 2 * params + updated
-    if not setup.strategy.offloads:
+    if not weights_host:
         return 0
     shard = ceil_div(weight_bytes_total(setup), n)
     grads = ceil_div(grad_bytes_per_param(setup) * trainable_parameters(setup), n)
@@ -239,7 +242,7 @@ def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Rou
     collectives = collective_bytes(setup) / peer
     host = host_link_bytes(setup) / link
     host_opt = 0.0
-    if setup.strategy.offloads_optimizer:
+    if share(setup, MemCategory.OPTIMIZER_STATE) is Share.HOST:
         host_opt = trainable_parameters(setup) / setup.nodes / assumptions.host_optimizer_params_per_s
     parallel = 1 if setup.strategy is Strategy.SINGLE else setup.world_size
     if assumptions.overlap:

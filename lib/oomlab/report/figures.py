@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oomlab.budget.result import BudgetResult, MemCategory
+from oomlab.budget.result import BudgetResult, Fit, MemCategory
 from oomlab.core.units import GiB, format_size
 
 # One fixed colour per component, so a component keeps its colour in every figure and every explorer update.
@@ -17,6 +17,21 @@ PALETTE: Mapping[MemCategory, str] = {
     MemCategory.OPTIMIZER_STATE: "#c44e52", MemCategory.ACTIVATIONS: "#55a868", MemCategory.LOGITS_LOSS: "#937860",
     MemCategory.WORKSPACE: "#da8bc3", MemCategory.OUTSIDE_PYTORCH: "#8c8c8c", MemCategory.ALLOCATOR_OVERHEAD: "#ccb974",
 }
+
+
+@dataclass(frozen=True)
+class FitColor:
+    """One fit state's colour: a fill for bars, and a darker shade for words on white (legible as text)."""
+
+    fill: str
+    text: str
+
+
+# One colour per fit state (the remedies figure's bars, the explorer's verdict): green fits, amber fits the GPUs but
+# not the host RAM, red does not fit the GPUs.
+FIT_COLORS: Mapping[Fit, FitColor] = {Fit.FITS: FitColor("#55a868", "#1a7f37"),
+                                      Fit.GPU_ONLY: FitColor("#ccb974", "#9a6700"),
+                                      Fit.NO: FitColor("#c44e52", "#b42318")}
 # The traced timeline's own (finer) categories: mem_tracker's, as oomlab names them.
 TRACE_COLORS = {"parameter": "#4c72b0", "gradient": "#dd8452", "optstate": "#c44e52", "activation": "#55a868",
                 "temp": "#da8bc3", "buffer": "#64b5cd", "other": "#8c8c8c", "unsharded_param": "#8172b3",
@@ -68,7 +83,7 @@ def plot_budget_bars(rows: Sequence[BarRow], title: str = "") -> Any:
             drawn.add(category)
             left += value
         ax.plot([row.capacity_bytes / GiB] * 2, [index - 0.42, index + 0.42], color="black", linewidth=2)
-        ax.text(left, index, f"  {format_size(row.total_bytes)}" + ("" if row.fits else "  (does not fit)"),
+        ax.text(left, index, f"  {format_size(row.total_bytes)}" + ("" if row.fits else f"  ({Fit.NO.value})"),
                 va="center", fontsize=7)
     ax.set_yticks(range(len(rows)), [row.label for row in rows], fontsize=8)
     ax.invert_yaxis()
@@ -222,9 +237,6 @@ class RemedyBar:
         return self.per_gpu_peak_bytes <= self.capacity_bytes
 
 
-REMEDY_COLORS = {"fits": "#55a868", "host": "#ccb974", "no": "#c44e52"}
-
-
 def plot_remedies(bars: Sequence[RemedyBar], title: str = "The ranked remedies: per-GPU peak against capacity") -> Any:
     """One horizontal bar per remedy (ranked order, top first): its per-GPU peak against the GPU's capacity (a black
     line); green where it fits, amber where the GPU fits but host RAM does not, red where the GPU does not.  The axis
@@ -240,10 +252,10 @@ def plot_remedies(bars: Sequence[RemedyBar], title: str = "The ranked remedies: 
     capacity = max((bar.capacity_bytes for bar in bars), default=GiB) / GiB
     limit = 2.0 * capacity
     for index, bar in enumerate(bars):
-        kind = "fits" if bar.fits else ("host" if bar.gpu_fits else "no")
+        fit = Fit.of(bar.fits, bar.gpu_fits)
         value = bar.per_gpu_peak_bytes / GiB
         shown = min(value, limit * 0.97)
-        ax.barh(index, shown, color=REMEDY_COLORS[kind], height=0.7,
+        ax.barh(index, shown, color=FIT_COLORS[fit].fill, height=0.7,
                 edgecolor="black" if bar.chosen else "none", linewidth=2 if bar.chosen else 0)
         note = format_size(bar.per_gpu_peak_bytes) + ("  ◀ recommended" if bar.chosen else "")
         if value > shown:  # cut: the value inside the bar, an arrow at the cut
@@ -263,9 +275,8 @@ def plot_remedies(bars: Sequence[RemedyBar], title: str = "The ranked remedies: 
     ax.set_ylim(len(bars) - 0.5, -1.2)
     ax.set_xlim(0, limit)
     ax.set_xlabel("GiB per GPU (bars longer than twice the capacity are cut, their value written in them)", fontsize=8)
-    fig.legend(handles=[Patch(color=REMEDY_COLORS["fits"], label="fits"),
-                        Patch(color=REMEDY_COLORS["host"], label="GPU fits, host RAM does not"),
-                        Patch(color=REMEDY_COLORS["no"], label="does not fit the GPU")],
+    legend = {Fit.FITS: Fit.FITS.value, Fit.GPU_ONLY: "GPU fits, host RAM does not", Fit.NO: "does not fit the GPU"}
+    fig.legend(handles=[Patch(color=FIT_COLORS[fit].fill, label=label) for fit, label in legend.items()],
                fontsize=7.5, loc="lower center", ncol=3, frameon=False)
     if title:
         ax.set_title(title, fontsize=10)

@@ -2,7 +2,9 @@
 
 :func:`reproduce_results`, :func:`budget_results` and :func:`plan_results` build notebooks 01–03's results from
 computed objects; :func:`write_results` writes one atomically; :func:`load_results` reads all three for the report
-(notebook 04), whose :mod:`.story` reads nothing these builders do not write (a test checks it).
+(notebook 04), whose :mod:`.story` reads nothing these builders do not write (a test checks it).  The notebooks'
+summaries in words are not stored: the story words each answer with the same sentence functions of
+:mod:`oomlab.budget.display` and :mod:`oomlab.remedies.display`, from the stored figures.
 """
 
 from __future__ import annotations
@@ -17,21 +19,18 @@ from types import MappingProxyType
 from typing import Any
 
 from oomlab.budget.display import capacity_rows
-from oomlab.budget.display import summarize as summarize_budget
 from oomlab.budget.result import BudgetResult
 from oomlab.core.files import write_text_atomic
 from oomlab.core.gpus import GPUSpec
 from oomlab.core.setup import TrainingSetup
 from oomlab.explanation.explain import Explanation
 from oomlab.remedies.checks import Verification
-from oomlab.remedies.display import summarize as summarize_plan
 from oomlab.remedies.display import verdict
 from oomlab.remedies.fit_map import FitMap
 from oomlab.remedies.placement import DeviceMapPlacement
 from oomlab.remedies.plan import Plan
 from oomlab.reproduction.honesty import HonestReproduction
 from oomlab.reproduction.result import ReproduceResult, compare_with_seed
-from oomlab.reproduction.summary import summarize as summarize_reproduction
 
 NOTEBOOK_RESULTS = {"reproduce": "01_reproduce_oom", "budget": "02_memory_budget", "plan": "03_remediations"}
 
@@ -56,7 +55,8 @@ def reproduce_results(case: Mapping[str, Any], result: ReproduceResult, float32:
                       launch: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Notebook 01's results: the reproduction, the same model in float32, what would have fitted, the decoding,
     (the user's case) which of the message's figures are inputs, fitted and predicted, and the user's launch as
-    notebook 01 read or assumed it (plain data: fields with origins, assumptions, the launch-path account)."""
+    notebook 01 read or assumed it (plain data: fields with origins, assumptions, the launch-path account).
+    ``gpus`` is no longer stored (the case holds it); the parameter stays for notebook 01's positional call."""
     return {
         "case": dict(case),
         "reproduce": result.to_dict(),
@@ -65,7 +65,6 @@ def reproduce_results(case: Mapping[str, Any], result: ReproduceResult, float32:
         "float32": float32.to_dict(),
         "smallest_fitting_gpu": smallest_fitting_gpu,
         "fits_case": fits_case.to_dict() if fits_case else None,
-        "summary_markdown": summarize_reproduction(result, gpus),
         "explain": decoded.to_dict() if decoded else None,
         "explain_label": decoded_label,
         "honesty": honesty.to_dict() if honesty else None,
@@ -83,7 +82,6 @@ def budget_results(case: Mapping[str, Any], gpu: GPUSpec, gpus: int, outside_byt
         "capacity": capacity_rows(gpu, gpus, outside_bytes),
         "configured": variants[0][1].to_dict(),
         "variants": [{"label": label, **r.to_dict()} for label, r in variants],
-        "summary_markdown": summarize_budget(list(variants), gpus),
         "agreement": {"setups": len(committed["rows"]), "worst_ratio": worst["ratio"], "worst_setup": worst["setup"],
                       "tolerance": committed["tolerance"]},
         "traced": {label: t.to_json() | {"timeline": []} for label, t in traced.items()},
@@ -118,7 +116,6 @@ def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None
         "host_ram_source": plan.host_ram_source,
         "host_ram_assumed": plan.host_ram_assumed,
         "notes": list(plan.notes),
-        "summary_markdown": summarize_plan(plan),
     }
 
 

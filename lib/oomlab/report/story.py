@@ -13,6 +13,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from oomlab.budget.display import configured_sentence, training_words
+from oomlab.budget.result import MemCategory, outside_figure, outside_note
 from oomlab.core.choices import Method, Strategy
 from oomlab.core.gpus import load_gpu
 from oomlab.core.seed import is_seed_case as is_seed_figures
@@ -21,14 +23,16 @@ from oomlab.core.words import agree, count
 from oomlab.launch.paths import ROWS, path_of
 from oomlab.remedies.checks import VERIFY_HEADERS as CHECK_HEADERS
 from oomlab.remedies.checks import Verification, verify_rows
-from oomlab.remedies.display import COMPACT_REMEDY_HEADERS, knob_change_text, knob_rows
+from oomlab.remedies.display import COMPACT_REMEDY_HEADERS, knob_change_text, knob_rows, otherwise_sentence
 from oomlab.remedies.display import KNOB_HEADERS as KNOB_HEADERS
 from oomlab.remedies.display import remedy_rows as plan_remedy_rows
 from oomlab.remedies.knobs import KnobChange
-from oomlab.remedies.plan import SEED_ROW_PREFIX, Outcome
+from oomlab.remedies.plan import Outcome
 from oomlab.remedies.remedy import Remedy
 from oomlab.report.figures import BarRow, RemedyBar, plot_budget_bars, plot_remedies
 from oomlab.report.results import NOTEBOOK_RESULTS
+from oomlab.reproduction import summary
+from oomlab.reproduction.result import FigureComparison
 
 
 def esc(value: Any) -> str:
@@ -106,24 +110,15 @@ def answer(r: dict[str, Any]) -> str:
             f"**Loading works:** a {esc(rep['dtype'])} replica of {esc(model_name(rep['model']))} "
             f"({format_size(rep['model_reserved_bytes'])}) fits one {gpu} of {format_size(rep['total_bytes'])}."
         )
-    verb = "fits" if configured["fits"] else "does not fit"
-    parts.append(
-        f"Training as configured ({esc(configured['strategy'])}, {esc(configured['method'])} fine-tuning, "
-        f"{esc(configured['precision'])}, {esc(configured['optimizer'])}, micro-batch {configured['batch']} × "
-        f"{configured['seq']} tokens) needs {format_size(configured['per_gpu_peak_bytes'])} per GPU and {verb} "
-        f"({format_size(abs(configured['headroom_bytes']))} "
-        f"{'to spare' if configured['fits'] else 'short'})"
-        + (f"; the {case['gpus']} GPUs do not pool their memory." if case["gpus"] > 1 else ".")
-    )
+    training = training_words(esc(configured["strategy"]), esc(configured["method"]), esc(configured["precision"]),
+                              esc(configured["optimizer"]), configured["batch"], configured["seq"])
+    parts.append(configured_sentence(training, configured["per_gpu_peak_bytes"], configured["headroom_bytes"],
+                                     configured["fits"], case["gpus"]))
     rec = plan.get("recommended")
     if rec:
-        parts.append(
-            f"**Otherwise, yes:** {esc(rec['name'])} fits at {format_size(rec['per_gpu_peak_bytes'])} per GPU "
-            f"({format_size(rec['headroom_bytes'])} headroom, {micro_batches(rec['max_batch'])}, about "
-            f"{rec['tokens_per_s']:,.0f} tokens/s estimated) — the recommended fix below."
-            + (f" It is not the table's first row: {esc(plan['recommendation_note'])}."
-               if plan.get("recommended_rank", 1) != 1 else "")
-        )
+        rank = plan.get("recommended_rank", 1)
+        parts.append(otherwise_sentence(Remedy.from_dict(rec), rank, plan["recommendation_note"] if rank != 1 else "",
+                                        esc))
     elif plan.get("outcome") == Outcome.HOST_RAM.value or not configured["fits"]:
         parts.append(esc_markdown(plan.get("verdict_markdown")
                                   or "**No configuration oomlab knows fits these GPUs** (see the remedies below)."))
@@ -136,11 +131,6 @@ def answer(r: dict[str, Any]) -> str:
 def esc_markdown(text: str) -> str:
     """Markdown written by oomlab (bold, code spans) with HTML escaped outside its code spans."""
     return _escape_outside_code(text)
-
-
-def micro_batches(max_batch: int) -> str:
-    """The micro-batches that fit, worded: "micro-batch 1 only" rather than "micro-batch up to 1"."""
-    return "micro-batch 1 only" if max_batch == 1 else f"micro-batch up to {max_batch}"
 
 
 def deciding_configuration(r: dict[str, Any]) -> str:
@@ -193,11 +183,10 @@ def remedy_bars(r: dict[str, Any], top: int = 10) -> list[RemedyBar]:
     if recommended and all(x["name"] != recommended for _, x in shown):
         shown += [(label, x) for label, x in ranked[top:] if x["name"] == recommended][:1]
     seed = plan["seed"]
-    rows = ([("as configured · " + seed["name"].removeprefix(SEED_ROW_PREFIX), seed)]
-            if seed.get("per_gpu_peak_bytes") is not None else []) + shown
+    rows = ([("as configured · " + seed["name"], seed)] if seed.get("per_gpu_peak_bytes") is not None else []) + shown
     bars, marked = [], False
     for label, x in rows:
-        chosen = not marked and x["name"] == recommended
+        chosen = not marked and x is not seed and x["name"] == recommended  # the seed row is never the fix
         marked = marked or chosen
         bars.append(RemedyBar(label, int(x["per_gpu_peak_bytes"]),
                               int(x["per_gpu_peak_bytes"]) + int(x["headroom_bytes"]), bool(x["fits"]), chosen))
@@ -209,12 +198,12 @@ def plot_remedy_bars(r: dict[str, Any]) -> Any:
     return plot_remedies(remedy_bars(r))
 
 
-SEED_HEADERS = ["figure", "user's message", "reproduced", "same"]
+SEED_HEADERS = list(summary.SEED_HEADERS)
 
 
 def seed_rows(r: dict[str, Any]) -> list[list[str]]:
-    return [[c["figure"], c["seed"], c["reproduced"] or "-", "yes" if c["matches"] else "no"]
-            for c in r["reproduce"]["seed_comparison"]]
+    return summary.seed_rows(FigureComparison(c["figure"], c["seed"], c["reproduced"])
+                             for c in r["reproduce"]["seed_comparison"])
 
 
 def reproduction(r: dict[str, Any]) -> str:
@@ -361,19 +350,17 @@ def config_block(name: str, text: str) -> str:
     return f"<strong><code>{esc(name)}</code></strong>\n\n" + "\n".join(out)
 
 
-OUTSIDE_NOTE = "outside PyTorch: "  # how the budget's notes begin the outside-PyTorch one
-
-
-def _outside_assumption(rep: dict[str, Any], notes: list[str]) -> tuple[str, list[str]]:
+def _outside_assumption(rep: dict[str, Any], budget: dict[str, Any]) -> tuple[str, list[str]]:
     """The memory outside PyTorch as one item (loading, and training where the budget counts more), and the budget's
     other notes: the figure is stated once, whichever notebook assumed it."""
     loading = (f"{format_size(rep['outside_pytorch_bytes'])} while the model is moved to one GPU (the reproduction: "
                f"{rep['outside_pytorch_source']})")
-    training = [n for n in notes if n.startswith(OUTSIDE_NOTE)]
-    rest = [n for n in notes if not n.startswith(OUTSIDE_NOTE)]
-    if not training:
+    outside, source = budget["components"].get(MemCategory.OUTSIDE_PYTORCH.value, 0), budget["outside_pytorch_source"]
+    note = outside_note(outside, source)  # the budget's own note on it, as its notes hold it
+    rest = [n for n in budget["notes"] if n != note]
+    if note not in budget["notes"]:
         return f"Memory held outside PyTorch on each GPU: {loading}.", rest
-    figure, _, parts = training[0][len(OUTSIDE_NOTE):].partition(" -- ")
+    figure, parts = outside_figure(outside, source), source or ""
     if rep["outside_pytorch_source"] in parts:  # the training figure builds on the loading one: name its parts once
         loading = f"{format_size(rep['outside_pytorch_bytes'])} while the model is moved to one GPU (the reproduction)"
     return (f"Memory held outside PyTorch on each GPU: {loading}; {figure} in training"
@@ -383,7 +370,7 @@ def _outside_assumption(rep: dict[str, Any], notes: list[str]) -> tuple[str, lis
 def assumptions(r: dict[str, Any]) -> list[str]:
     """Every assumption behind the report, each once (the notebooks state some of them twice)."""
     rep = r["reproduce"]["reproduce"]
-    outside, notes = _outside_assumption(rep, list(r["budget"]["configured"]["notes"]))
+    outside, notes = _outside_assumption(rep, r["budget"]["configured"])
     items = [
         outside,
         f"The reproduction ran on the {rep['device']} device: "

@@ -17,7 +17,7 @@ from oomlab.core.modeling import build_meta_model, tensor_nbytes, unique_tensors
 from oomlab.core.models import ModelSpec
 from oomlab.reproduction.allocator import get_allocation_size, round_size
 from oomlab.reproduction.result import FailingTensor, ReproduceResult, traceback_frames
-from oomlab.reproduction.walk import WalkStep, tensor_names, unlimited_walk
+from oomlab.reproduction.walk import TensorKind, WalkStep, tensor_names, unlimited_walk, unnamed
 
 
 def reproduce_on_cuda(
@@ -51,7 +51,7 @@ def reproduce_on_cuda(
             kwargs = kwargs or {}
             tensor = args[0] if args else None
             if func is torch.Tensor.to and isinstance(tensor, torch.Tensor) and tensor.device.type != "cuda":
-                name, kind = names.get(id(tensor), (f"<tensor {tuple(tensor.shape)}>", "tensor"))
+                name, kind = names.get(id(tensor)) or unnamed(tensor)
                 try:
                     out = func(*args, **kwargs)
                 except torch.OutOfMemoryError:
@@ -62,7 +62,7 @@ def reproduce_on_cuda(
                     raise
                 if out.device.type == "cuda":
                     moved["bytes"] += tensor_nbytes(out)
-                    moved["params"] += out.numel() if kind == "parameter" else 0
+                    moved["params"] += out.numel() if kind is TensorKind.PARAMETER else 0
                     steps.append(
                         WalkStep(
                             index=len(steps), name=name, kind=kind, shape=tuple(out.shape),

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.seed import SeedFigures
+from oomlab.core.size_ranges import format_interval, printed_interval
 from oomlab.core.units import format_size
 from oomlab.reproduction.walk import WalkStep
 
 __all__ = ["FailurePoint", "Figure", "OutsideInterval", "failure_at", "failure_points", "matching_outside",
-           "printed_interval", "seed_text"]
+           "seed_text"]
 
 
 class Figure(enum.Enum):
@@ -89,7 +90,7 @@ class OutsideInterval:
     @property
     def printed(self) -> str:
         """``"465.81 MiB – 601.81 MiB"``."""
-        return f"{format_size(self.low_bytes)} – {format_size(self.high_bytes)}"
+        return format_interval((self.low_bytes, self.high_bytes))
 
 
 def failure_points(steps: Sequence[WalkStep], capacity_bytes: int) -> tuple[FailurePoint, ...]:
@@ -155,38 +156,3 @@ def matching_outside(points: Sequence[FailurePoint], figures: SeedFigures,
         else:
             merged.append(OutsideInterval(low, high, (p,)))
     return tuple(merged)
-
-
-_UNITS = ("bytes", "KiB", "MiB", "GiB")
-
-
-def _key(size_bytes: int) -> tuple[int, float]:
-    number, unit = format_size(size_bytes).split()
-    return _UNITS.index(unit), float(number)
-
-
-def printed_interval(text: str) -> tuple[int, int]:
-    """Every byte count ``format_size`` prints as ``text`` (e.g. ``"40.81 MiB"``), as ``(low, high)`` inclusive."""
-    try:
-        number, unit = text.split()
-        target = (_UNITS.index(unit), float(number))
-    except ValueError as err:
-        raise InvalidValueError(f"invalid printed size {text!r}; expected e.g. '40.81 MiB' "
-                                f"(units: {', '.join(_UNITS)})") from err
-    top = 1 << 60
-    low = _bisect_first(lambda n: _key(n) >= target, top)
-    high = _bisect_first(lambda n: _key(n) > target, top) - 1
-    if low > high or format_size(low) != text:
-        raise InvalidValueError(f"invalid printed size {text!r}: torch's format_size never prints it")
-    return low, high
-
-
-def _bisect_first(predicate, top: int) -> int:  # first n in [0, top] with predicate(n); predicate is monotone
-    lo, hi = 0, top
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if predicate(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo

@@ -23,9 +23,11 @@ from typing import Any
 
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.gpus import load_gpu
+from oomlab.core.markdown import markdown_table
 from oomlab.core.models import load_model
 from oomlab.core.outside import OUTSIDE_MEMORY, TorchEra, outside_memory
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_GPUS, SEED_MODEL, seed_figures
+from oomlab.core.size_ranges import format_interval, printed_interval
 from oomlab.core.units import format_size
 from oomlab.reproduction.fit import (
     FailurePoint,
@@ -34,7 +36,6 @@ from oomlab.reproduction.fit import (
     failure_at,
     failure_points,
     matching_outside,
-    printed_interval,
     seed_text,
 )
 from oomlab.reproduction.layouts import (
@@ -86,9 +87,7 @@ class ContextReading:
 
     @property
     def printed(self) -> str:
-        if self.low_bytes == self.high_bytes:
-            return format_size(self.low_bytes)
-        return f"{format_size(self.low_bytes)} – {format_size(self.high_bytes)}"
+        return format_interval((self.low_bytes, self.high_bytes))
 
 
 @dataclass(frozen=True)
@@ -261,7 +260,7 @@ def _context(intervals: tuple[OutsideInterval, ...]) -> tuple[tuple[ContextReadi
         f"Everything held outside PyTorch on GPU 0 when the copy failed came to {span}: any value in it reproduces "
         f"the three figures, and the free figure alone narrows it to {format_size(seed_outside_bytes())}. That is "
         f"{'above' if lazy_high < low else 'not above'} every lazy-loading T4 context measured "
-        f"({format_size(lazy_low)} – {format_size(lazy_high)}) and "
+        f"({format_interval((lazy_low, lazy_high))}) and "
         f"{'above' if new_t4['range_bytes'][1] < low else 'within'} the shipped torch >= 2.1 range, so it is either "
         f"one context without lazy module loading (as the shipped torch <= 2.0 figures assume), or {many} "
         f"lazy-loading contexts{per_rank} (torch >= 1.13 loads lazily by default on CUDA >= 11.7, pytorch#86509, "
@@ -416,15 +415,6 @@ def layout_rows(h: HonestReproduction) -> tuple[tuple[str, ...], list[tuple[str,
              *(f"prints the seed's 3 figures ({p.value})" for p in LaunchPath)), rows)
 
 
-def _markdown_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    def cell(text: str) -> str:
-        return str(text).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(map(cell, headers)) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def render_honesty(h: HonestReproduction) -> str:
     """The whole account as Markdown: the figures, the outside range, the layouts, and the two findings."""
     counts = h.counts
@@ -434,9 +424,9 @@ def render_honesty(h: HonestReproduction) -> str:
         f"**What the five matching figures are worth.** {counts[FigureRole.INPUT]} are inputs, "
         f"{counts[FigureRole.FITTED]} is fitted and {counts[FigureRole.PREDICTED]} are predicted, with "
         f"{installed}; the layout is itself a choice (below).",
-        _markdown_table(*figure_rows(h)),
+        markdown_table(*figure_rows(h)),
         f"**Memory outside PyTorch.** {h.context_finding}",
-        _markdown_table(*outside_rows(h)),
+        markdown_table(*outside_rows(h)),
         f"**The module layout across transformers releases.** {h.layout_finding}",
-        _markdown_table(*layout_rows(h)),
+        markdown_table(*layout_rows(h)),
     ])

@@ -246,5 +246,5 @@ def layout_walk(model: str, dtype: str, layout_id: str, path: LaunchPath = Launc
 
 def walk_fingerprint(steps: Sequence[WalkStep]) -> tuple[int, str]:
     """``(tensors, sha256)`` of a walk's ``name kind shape dtype`` lines, as the layout data records them."""
-    lines = [f"{s.name} {s.kind} {'x'.join(map(str, s.shape)) or '-'} {s.dtype}" for s in steps]
+    lines = [f"{s.name} {s.kind.value} {'x'.join(map(str, s.shape)) or '-'} {s.dtype}" for s in steps]
     return len(lines), hashlib.sha256("\n".join(lines).encode()).hexdigest()

@@ -9,6 +9,8 @@ much of the model had moved.
 
 from __future__ import annotations
 
+import torch
+
 from oomlab.core.choices import Device, MessageFormat, choice, message_format
 from oomlab.core.dtypes import DType, load_dtype
 from oomlab.core.errors import InvalidValueError
@@ -19,6 +21,7 @@ from oomlab.core.outside import TorchEra
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, is_seed_case
 from oomlab.core.units import MiB
 from oomlab.reproduction.allocator import CachingAllocator, get_allocation_size, round_size
+from oomlab.reproduction.cuda import reproduce_on_cuda
 from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.result import FailingTensor, ReproduceResult, traceback_frames
 from oomlab.reproduction.walk import unlimited_walk, walk_apply
@@ -73,12 +76,8 @@ def reproduce(
         outside = round(non_pytorch_mib * MiB)
         outside_source = "given (--non-pytorch-mib)"
     if where is Device.AUTO:
-        import torch
-
         where = Device.CUDA if torch.cuda.is_available() else Device.SIMULATED
     if where is Device.CUDA:
-        from oomlab.reproduction.cuda import reproduce_on_cuda
-
         return reproduce_on_cuda(spec, dt, gpu_spec, outside, outside_source)
     return reproduce_simulated(spec, dt, gpu_spec, outside, outside_source, fmt)
 

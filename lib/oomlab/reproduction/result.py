@@ -9,7 +9,7 @@ from typing import Any
 
 from oomlab.core.seed import seed_figures
 from oomlab.core.units import format_size
-from oomlab.reproduction.walk import WalkStep
+from oomlab.reproduction.walk import TensorKind, WalkStep
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class FailingTensor:
     """The tensor whose copy to the device failed."""
 
     name: str
-    kind: str  # "parameter" or "buffer"
+    kind: TensorKind
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
@@ -61,13 +61,17 @@ class ReproduceResult:
     def to_dict(self, include_steps: bool = False) -> dict[str, Any]:
         """JSON-ready dict (``steps`` left out unless asked for)."""
         data = asdict(self)
-        if not include_steps:
+        if include_steps:
+            for step in data["steps"]:
+                step["kind"] = step["kind"].value
+        else:
             data.pop("steps")
         data["moved_fraction"] = self.moved_fraction
         data["traceback"] = [list(t) for t in self.traceback]
         data["frames"] = list(self.frames)
         if self.failing_tensor is not None:
             data["failing_tensor"]["shape"] = list(self.failing_tensor.shape)
+            data["failing_tensor"]["kind"] = self.failing_tensor.kind.value
         return data
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from oomlab.core import seed
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.gpus import known_gpus, load_gpu
 from oomlab.core.seed import seed_report_text
 from oomlab.core.units import format_size
-from oomlab.reproduction.result import ReproduceResult
+from oomlab.reproduction.result import FigureComparison, ReproduceResult
 from oomlab.reproduction.walk import unlimited_walk
 
 
@@ -92,6 +94,14 @@ def facts(result: ReproduceResult) -> list[tuple[str, str]]:
         ("memory outside PyTorch", f"{format_size(result.outside_pytorch_bytes)}: {result.outside_pytorch_source}"),
         ("whole model fits one GPU", "yes" if result.fits else "no"),
     ]
+
+
+SEED_HEADERS = ("figure", "user's message", "reproduced", "same")
+
+
+def seed_rows(comparisons: Iterable[FigureComparison]) -> list[list[str]]:
+    """The user's message beside the reproduction, one row per figure (the report's table, the CLI's lines)."""
+    return [[c.figure, c.seed, c.reproduced or "-", "yes" if c.matches else "no"] for c in comparisons]
 
 
 def is_seed_case(result: ReproduceResult) -> bool:

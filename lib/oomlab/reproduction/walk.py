@@ -18,6 +18,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
+from oomlab.core.choices import Choice
 from oomlab.core.dtypes import DType, load_dtype
 from oomlab.core.modeling import build_meta_model
 from oomlab.core.models import ModelSpec, load_model
@@ -26,13 +27,21 @@ from oomlab.reproduction.allocator import CachingAllocator, SimulatedOutOfMemory
 UNLIMITED_BYTES = 1 << 62  # capacity of the "how much would it take" walk
 
 
+class TensorKind(Choice):
+    """What a tensor moved by ``Module._apply`` is to its module."""
+
+    PARAMETER = "parameter"  # from named_parameters: trained (or frozen) weights
+    BUFFER = "buffer"  # from named_buffers: e.g. rotary inv_freq, causal masks
+    TENSOR = "tensor"  # neither: moved by ``.to()`` but registered under no name
+
+
 @dataclass(frozen=True)
 class WalkStep:
     """One tensor copied to the device during ``Module._apply``, and the allocator after it."""
 
     index: int  # position in the walk (0-based)
     name: str  # qualified name, e.g. "model.layers.23.mlp.gate_proj.weight"
-    kind: str  # "parameter" or "buffer"
+    kind: TensorKind
     shape: tuple[int, ...]
     dtype: str  # e.g. "float16"
     nbytes: int  # the tensor's bytes
@@ -43,25 +52,30 @@ class WalkStep:
     moved_parameters: int  # parameter elements moved so far, this one included
 
 
-def tensor_names(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
-    """``id(tensor) -> (qualified name, "parameter"|"buffer")``, first name for shared tensors."""
-    names: dict[int, tuple[str, str]] = {}
+def tensor_names(model: torch.nn.Module) -> dict[int, tuple[str, TensorKind]]:
+    """``id(tensor) -> (qualified name, parameter or buffer)``, first name for shared tensors."""
+    names: dict[int, tuple[str, TensorKind]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), (name, "parameter"))
+        names.setdefault(id(p), (name, TensorKind.PARAMETER))
     for name, b in model.named_buffers(remove_duplicate=False):
-        names.setdefault(id(b), (name, "buffer"))
+        names.setdefault(id(b), (name, TensorKind.BUFFER))
     return names
+
+
+def unnamed(tensor: torch.Tensor) -> tuple[str, TensorKind]:
+    """The name and kind of a moved tensor that :func:`tensor_names` does not know."""
+    return f"<tensor {tuple(tensor.shape)}>", TensorKind.TENSOR
 
 
 class SimulatedCudaMode(TorchFunctionMode):
     """Serve ``Tensor.to(cuda)``/``Tensor.cuda()`` from an allocator model with fake CUDA tensors."""
 
-    def __init__(self, allocator: CachingAllocator, names: dict[int, tuple[str, str]]) -> None:
+    def __init__(self, allocator: CachingAllocator, names: dict[int, tuple[str, TensorKind]]) -> None:
         super().__init__()
         self.allocator = allocator
         self.names = names
         self.steps: list[WalkStep] = []
-        self.failure: tuple[str, str, tuple[int, ...], str, int] | None = None
+        self.failure: tuple[str, TensorKind, tuple[int, ...], str, int] | None = None
         self._fake = FakeTensorMode(allow_non_fake_inputs=True)
         self._done: dict[int, torch.Tensor] = {}  # tied weights are copied once
         self._moved_bytes = 0
@@ -85,7 +99,7 @@ class SimulatedCudaMode(TorchFunctionMode):
         dtype = dtype if dtype is not None and (tensor.is_floating_point() or tensor.is_complex()) else None
         dtype = dtype or tensor.dtype
         nbytes = tensor.numel() * torch.empty((), dtype=dtype, device="meta").element_size()
-        name, kind = self.names.get(id(tensor), (f"<tensor {tuple(tensor.shape)}>", "tensor"))
+        name, kind = self.names.get(id(tensor)) or unnamed(tensor)
         dtype_name = str(dtype).removeprefix("torch.")
         try:
             if nbytes:
@@ -95,7 +109,7 @@ class SimulatedCudaMode(TorchFunctionMode):
             # Raised here, inside Module._apply's convert(), as PyTorch would.
             raise torch.OutOfMemoryError(oom.message) from None
         self._moved_bytes += nbytes
-        if kind == "parameter":
+        if kind is TensorKind.PARAMETER:
             self._moved_params += tensor.numel()
         self.steps.append(
             WalkStep(

@@ -1,0 +1,43 @@
+"""The budget for readers: the fit word every verdict uses, the configured sentence, the outside-PyTorch note."""
+
+import pytest
+
+from oomlab.budget.analytic import ALLOCATOR_NOTE, estimate_setup
+from oomlab.budget.display import configured_sentence, training_words
+from oomlab.budget.result import Fit, outside_figure, outside_note
+from oomlab.core.setup import make_setup
+from oomlab.core.units import GiB, MiB
+
+
+@pytest.mark.parametrize(("fits", "gpu_fits", "fit"), [
+    (True, True, Fit.FITS),
+    (True, False, Fit.FITS),  # fits everywhere checked: the GPU flag adds nothing
+    (False, True, Fit.GPU_ONLY),  # the GPUs hold it, the host RAM does not
+    (False, False, Fit.NO),
+])
+def test_fit_of(fits: bool, gpu_fits: bool, fit: Fit) -> None:
+    """One word per state; two-state callers (no host RAM check) get fits / does not fit."""
+    assert Fit.of(fits, gpu_fits) is fit
+    assert Fit.of(fits).value == ("fits" if fits else "does not fit")
+
+
+def test_configured_sentence() -> None:
+    """The report's sentence on the configured budget, both ways."""
+    words = training_words("ddp", "full", "fp16-mixed", "adamw", 1, 2048)
+    assert configured_sentence(words, 30 * GiB, -15 * GiB, False, 4) == (
+        "Training as configured (ddp, full fine-tuning, fp16-mixed, adamw, micro-batch 1 × 2048 tokens) needs "
+        "30.00 GiB per GPU and does not fit (15.00 GiB short); the 4 GPUs do not pool their memory.")
+    assert configured_sentence(words, 10 * GiB, 5 * GiB, True, 1).endswith("and fits (5.00 GiB to spare).")
+
+
+def test_outside_note_is_typed() -> None:
+    """The budget says where its outside-PyTorch figure comes from as a field; its note is the one function's."""
+    setup = make_setup(model="llama-2-7b", gpu="a10g")
+    shipped = estimate_setup(setup)
+    assert shipped.outside_source and shipped.outside_note in shipped.notes and ALLOCATOR_NOTE in shipped.notes
+    assert shipped.outside_note.endswith(f" -- {shipped.outside_source}")
+    assert shipped.to_dict()["outside_pytorch_source"] == shipped.outside_source
+    given = estimate_setup(setup, 500 * MiB)
+    assert given.outside_source is None and given.to_dict()["outside_pytorch_source"] is None
+    assert given.outside_note == "outside PyTorch: 500.00 MiB (given)" == outside_note(500 * MiB, None)
+    assert given.outside_note in given.notes and outside_figure(500 * MiB, None) == "500.00 MiB (given)"

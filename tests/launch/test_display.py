@@ -1,0 +1,50 @@
+"""``oomlab check`` shown: the setup table, the traceback's reading and the Markdown table, each written once."""
+
+from pathlib import Path
+
+import pytest
+
+from oomlab.core.markdown import markdown_table
+from oomlab.launch import inputs, resolve
+from oomlab.launch.check import check_launch
+from oomlab.launch.display import render_check, render_markdown, traceback_sentence
+from oomlab.launch.inputs import check_inputs, inputs_from_dir
+from oomlab.launch.user import setup_rows
+
+TWIN = Path(__file__).parents[1] / "fixtures" / "open-assistant"
+
+
+@pytest.fixture(scope="module")
+def seed_check():
+    return check_launch(check_inputs(launch_dir=TWIN / "seed", model="llama-13b", gpu="t4", gpus=4))
+
+
+def test_markdown_table_escapes_and_aligns() -> None:
+    """One builder: cells escaped (| and line breaks), right-aligned columns marked, an empty cell a single space."""
+    text = markdown_table(("a", "b"), [("x|y", "1\n2"), ("z", "")], right=(1,))
+    assert text.splitlines() == ["| a | b |", "|---|---:|", "| x\\|y | 1 2 |", "| z | |"]
+    assert markdown_table(("a",), []) == "| a |\n|---|"
+
+
+def test_check_shows_the_setup_rows(seed_check) -> None:
+    """The plain answer's setup lines are setup_rows, the table notebook 01 shows."""
+    text = render_check(seed_check)
+    rows = setup_rows(seed_check.launch)
+    assert rows and all(f"  {name:<14} {value:<28} {origin}" in text for name, value, origin in rows)
+    assert ("precision", "fp16-mixed") in {(name, value) for name, value, _ in rows}
+
+
+def test_the_reply_reads_the_traceback_as_notebook_01_does(seed_check) -> None:
+    """The Markdown reply's launch path is the same reading as notebook 01's (prose.traceback_proves)."""
+    sentence = traceback_sentence(seed_check)
+    assert "moved a full replica to each GPU with `Module.to()`: it was one of" in sentence
+    assert "It was not ZeRO-3 under zero.Init" in sentence and sentence.endswith("is one of them.")
+    md = render_markdown(seed_check)
+    assert "| per GPU | |\n|---|---:|\n| load (deepspeed-to) |" in md
+
+
+def test_a_folder_is_read_by_inputs() -> None:
+    """Folder discovery lives in launch.inputs (whose docstring says so), not beside the resolver."""
+    assert not hasattr(resolve, "inputs_from_dir") and inputs.inputs_from_dir is inputs_from_dir
+    found = inputs_from_dir(TWIN / "seed", gpu="t4", gpus=4)
+    assert found.deepspeed and found.deepspeed.endswith("zero_config.json") and found.command
