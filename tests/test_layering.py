@@ -1,6 +1,6 @@
 """The house by stage: imports run one way only (core → reproduction → explanation → budget → remedies → launch →
-report → pipeline, with cli and explorer on top), no import cycles, no private names imported across modules --
-checked on the source (AST), function-level imports included."""
+report → pipeline, with cli and the explorer (explorer, exploration) on top), no import cycles, no private names
+imported across modules -- checked on the source (AST), function-level imports included."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import oomlab
 # comes after remedies; the report and the pipeline start from it
 STAGES = ("core", "reproduction", "explanation", "budget", "remedies", "launch", "report", "pipeline")
 # the modules on top, by module name (a stray ``oomlab.x.cli`` or a new subpackage is not one of them)
-TOP = ("oomlab", "oomlab.cli", "oomlab.explorer", "oomlab.__main__")
+TOP = ("oomlab", "oomlab.cli", "oomlab.exploration", "oomlab.explorer", "oomlab.__main__")
 PACKAGE = Path(oomlab.__file__).parent
 
 
@@ -139,7 +139,8 @@ def is_stray(module: str) -> bool:
 
 
 @pytest.mark.parametrize(("module", "stray"), [
-    ("oomlab", False), ("oomlab.cli", False), ("oomlab.explorer", False), ("oomlab.__main__", False),
+    ("oomlab", False), ("oomlab.cli", False), ("oomlab.explorer", False), ("oomlab.exploration", False),
+    ("oomlab.__main__", False),
     ("oomlab.budget", False),  # a stage's __init__
     ("oomlab.remedies.plan", False),
     ("oomlab.tools", True),  # a new subpackage's __init__: not "__init__" on top
@@ -147,7 +148,8 @@ def is_stray(module: str) -> bool:
     ("oomlab.helpers", True),
 ])
 def test_top_is_matched_by_module_name(module: str, stray: bool) -> None:
-    """Only oomlab, oomlab.cli, oomlab.explorer and oomlab.__main__ are on top, matched by name, not file stem."""
+    """Only oomlab, oomlab.cli, oomlab.explorer (+ oomlab.exploration, what it shows) and oomlab.__main__ are on top,
+    matched by name, not file stem."""
     assert is_stray(module) is stray
 
 
@@ -179,8 +181,8 @@ def test_a_relative_import_of_a_later_stage_is_caught() -> None:
 
 
 def test_no_module_is_much_over_500_lines() -> None:
-    """About 500 lines is a sign to split (a little slack for long docstrings)."""
-    long = {module_name(p): n for p in sources() if (n := len(p.read_text().splitlines())) > 560}
+    """About 500 lines is a sign to split (issue 9): none is over 500."""
+    long = {module_name(p): n for p in sources() if (n := len(p.read_text().splitlines())) > 500}
     assert long == {}
 
 

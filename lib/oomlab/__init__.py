@@ -2,8 +2,8 @@
 
 The library follows the pipeline, one subpackage per stage, importing only earlier stages:
 ``core`` → ``reproduction`` → ``explanation`` → ``budget`` → ``remedies`` → ``launch`` → ``report`` →
-``pipeline``, with ``cli`` and ``explorer`` on top.  ``import oomlab`` stays light (no torch); the three entry points
-below load their stage on first use.
+``pipeline``, with ``cli`` and ``explorer`` (its widgets over ``exploration``, what it shows) on top.
+``import oomlab`` stays light (no torch); the three entry points below load their stage on first use.
 """
 
 from oomlab.core.units import GiB, KiB, MiB, format_size, parse_size
