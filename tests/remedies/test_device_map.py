@@ -12,6 +12,7 @@ from collections import defaultdict
 
 import pytest
 
+from oomlab.budget.result import MemCategory
 from oomlab.core.paths import MODEL_SPECS_DIR
 from oomlab.core.setup import make_setup
 from oomlab.remedies.placement import place_device_map
@@ -114,3 +115,26 @@ def test_head_gpu_is_where_lm_head_is(model, placed: tuple[str, ...], holds: boo
 
     sizes = {name: 1 for name, _ in model.named_modules()}
     assert holds_head(placed, sizes) is holds
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_placement_with_every_module_on_the_cpu_is_budgeted_and_said_so() -> None:
+    """When the logits alone outweigh each GPU, accelerate maps the whole model to the CPU ({"": "cpu"}); the
+    re-budget of that placement (the plan's micro-batch search) used to raise ``max() arg is an empty sequence``
+    (gemma-2-9b on 2 x RTX 4090 stopped notebook 03). Each GPU then holds only the memory outside PyTorch, and the
+    remedy is refused as the whole model on the CPU."""
+    from dataclasses import replace
+
+    from oomlab.budget.analytic import estimate_setup
+    from oomlab.core.choices import Route, Strategy
+    from oomlab.remedies.placement import replace_peak
+    from oomlab.remedies.remedy import Evaluator, reason
+
+    setup = make_setup(model="llama-2-7b", gpu="t4", gpus=2, strategy="single", method="full", batch=16, seq=4096)
+    placement = place_device_map(setup)
+    assert placement.spilled == ("",) and not any(g.modules for g in placement.gpus)
+    result = estimate_setup(replace(setup, strategy=Strategy.SINGLE, gpus=1))
+    assert replace_peak(placement, result) == result.components[MemCategory.OUTSIDE_PYTORCH]
+    ev = Evaluator(192 << 30, None)(setup, placement, Route.DEVICE_MAP)
+    assert not ev.gpu_fits
+    assert reason(ev, setup, 192 << 30).startswith("device_map puts the whole model on the CPU")

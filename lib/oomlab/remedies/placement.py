@@ -219,7 +219,9 @@ def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -
 
 
 def replace_peak(placement: DeviceMapPlacement, result: BudgetResult) -> int:
-    """The peak of the most loaded GPU for a new single-GPU budget, with the placement kept."""
+    """The peak of the most loaded GPU for a new single-GPU budget, with the placement kept (a GPU given no module
+    holds only the memory outside PyTorch, as in :func:`place_device_map`; when every module spilled, that is all)."""
     _, sizes = _meta_module_sizes(placement.setup.model)
+    outside = result.components.get(MemCategory.OUTSIDE_PYTORCH, 0)
     return max(gpu_peak(result, g.weight_bytes, len(g.layers), g.holds_lm_head, placement.setup, sizes[""])
-               for g in placement.gpus if g.modules)
+               if g.modules else outside for g in placement.gpus)

@@ -238,6 +238,9 @@ def reason(ev: Evaluation, setup: TrainingSetup, host_ram_bytes: int) -> str:
     if ev.gpu_fits:
         parts.append(f"fits: {format_size(ev.per_gpu_peak_bytes)} per GPU of {format_size(cap)}, "
                      f"headroom {format_size(ev.headroom_bytes)}")
+    elif ev.placement is not None and ev.placement.spilled == ("",):  # accelerate's map of one entry: the root
+        parts.append("device_map puts the whole model on the CPU: no decoder layer fits a GPU beside the step's "
+                     "other memory (accelerate's offload hooks cannot train it)")
     elif ev.placement is not None and ev.placement.spilled:
         parts.append(f"device_map spills {count(len(ev.placement.spilled), 'module')} to the CPU "
                      f"(accelerate's offload hooks cannot train them)")
