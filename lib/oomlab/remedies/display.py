@@ -17,8 +17,6 @@ from oomlab.remedies.placement import DeviceMapPlacement, layer_index
 from oomlab.remedies.plan import Outcome, Plan
 from oomlab.remedies.remedy import Remedy, format_tokens_per_s, launcher
 
-SEED_ROW_PREFIX = "as configured: "  # the user's configuration's row, named in the ranked table
-
 REMEDY_HEADERS = ("#", "remedy", "launched by", "fits", "per-GPU peak", "headroom", "host RAM", "max micro-batch",
                   "max seq (batch 1)", "tokens/s", "why")
 COMPACT_REMEDY_HEADERS = REMEDY_HEADERS[:8] + ("tokens/s",)  # the report's table: no max seq, no reason
@@ -29,7 +27,7 @@ def remedy_rows(seed: Remedy, remedies: Sequence[Remedy], top: int = 15, *, comp
     """The user's configuration, then the ``top`` ranked remedies, as display rows (``compact``: the report's)."""
     rows = []
     for i, r in enumerate([seed, *remedies[:top]]):
-        row = ("as configured" if i == 0 else str(i), SEED_ROW_PREFIX + r.name if i == 0 else r.name,
+        row = ("as configured" if i == 0 else str(i), r.name,  # the # column names the user's row
                launcher(r.route, r.strategy), "yes" if r.fits else "no",
                format_signed_size(r.per_gpu_peak_bytes), format_signed_size(r.headroom_bytes),
                format_signed_size(r.host_ram_bytes), "-" if r.max_batch is None else str(r.max_batch))
