@@ -22,8 +22,7 @@ from oomlab.core.choices import Attention, Device, MessageFormat, Method, Optimi
 from oomlab.core.errors import InvalidValueError, OomlabError, PipelineError
 from oomlab.core.gpus import known_gpus
 from oomlab.core.models import ALL_LINEAR, PROJECTIONS, known_models
-from oomlab.core.prices import HOST_RAM_AUTO
-from oomlab.core.seed import SEED_GPU, SEED_GPUS
+from oomlab.core.prices import HOST_RAM_AUTO, seed_machine_text
 from oomlab.core.setup import DEFAULT_LORA_ALPHA
 from oomlab.core.units import parse_memory_size
 from oomlab.pipeline.params import PARAMETERS, render_params_help
@@ -61,7 +60,8 @@ def _positive_int(text: str) -> int:
 
 
 class _StoreGiven(argparse.Action):
-    """Store the value and note that the option was given (``plan --any-gpu`` refuses ``--gpu`` and ``--gpus``)."""
+    """Store the value and note that the option was given: ``plan --any-gpu`` refuses ``--gpu`` and ``--gpus``; an
+    unset ``--strategy`` on one GPU means single; an unset ``--host-ram`` is assumed (auto)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
@@ -111,7 +111,7 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the launch: single = one process; ddp = accelerate/torchrun DDP; fsdp = accelerate's "
                         "default FSDP (fsdp_version 1); fsdp2 = accelerate fsdp_version 2; *-offload = with "
                         "fsdp_offload_params; zero1/zero2 = DeepSpeed (default: "
-                        f"{_P['strategy'].default}; not given, ddp on one GPU is single)")
+                        f"{_P['strategy'].default}, or single when --gpus is 1 and --strategy is not given)")
     parser.add_argument("--method", choices=[m.value for m in Method], default=_P["method"].default,
                         help="what is trained")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default=_P["precision"].default,
@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "gpus_per_instance, usd_per_hour}, ...]}; default: oomlab's dated list prices)")
     pln.add_argument("--host-ram", type=_host_ram_argument, default=_P["host_ram"].default, action=_StoreGiven,
                      help="host RAM per node, with its unit; auto (the default) assumes the listed instance "
-                     f"with these GPUs (specs/prices.json), else the seed's {SEED_GPUS} x {SEED_GPU} machine's")
+                     f"with these GPUs (specs/prices.json), else {seed_machine_text(sentence=False)}")
     pln.add_argument("--seq", type=_positive_int, default=_P["seq"].default, help="target sequence length")
     pln.add_argument("--batch", type=_positive_int, default=_P["batch"].default,
                      help="the user's micro-batch per GPU")

@@ -59,3 +59,20 @@ def test_estimate_assembles_the_inventory_it_takes(strategy: str) -> None:
     s = _setup(strategy, True)
     phases = assemble_phases(s, take_inventory(s))
     assert {p: dict(c) for p, c in estimate_setup(s, 0).phases.items()} == phases
+
+
+
+def test_fsdp1_offload_recompute_of_the_bottom_layer_holds_no_negative_gradients() -> None:
+    """FSDP1 CPU offload with checkpointing: the bottom layer's recompute in backward holds its input, its saved
+    tensors again and no gradient on the GPU. The outer units' gradient share used to be subtracted from the
+    offloaded (zero) gradients anyway (-590,938,112 B for falcon-7b on 2 GPUs), which hid this candidate behind a
+    smaller one: the backward peak is now this recompute (1.35 GiB of activations, not 0.56 GiB)."""
+    from oomlab.budget.result import MemCategory, Phase
+
+    setup = make_setup(model="falcon-7b", gpu="a100-40gb", gpus=2, strategy="fsdp-offload", method="full",
+                       checkpointing=True, seq=2048)
+    inventory = take_inventory(setup)
+    t = inventory.tensors
+    backward = assemble_phases(setup, inventory)[Phase.BACKWARD]
+    assert backward.get(MemCategory.GRADIENTS, 0) == 0
+    assert backward[MemCategory.ACTIVATIONS] == t.per_layer + t.rope + t.first_layer + t.layer_fixed

@@ -28,7 +28,7 @@ from typing import Any
 from oomlab.core.choices import Strategy
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.models import ModelSpec
-from oomlab.core.setup import DEFAULT_LORA_TARGETS, TrainingSetup, make_setup
+from oomlab.core.setup import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS, TrainingSetup, make_setup
 
 # DeepSpeed 0.19.8 defaults, deepspeed/runtime/zero/config.py
 REDUCE_BUCKET_SIZE = 500_000_000  # config.py:113 reduce_bucket_size = Field(pp_int(5e8))
@@ -208,7 +208,7 @@ def settings_from_config(config: Mapping[str, Any], strategy: Strategy, offload_
 def read_deepspeed_config(config: Mapping[str, Any] | str | Path, *, model: str | ModelSpec, gpu: str, gpus: int = 1,
                           nodes: int = 1, seq: int = 2048, method: str = "full", precision: str | None = None,
                           optimizer: str = "adamw-fused", batch: int = 1, checkpointing: bool = False,
-                          attention: str = "sdpa", lora_rank: int = 8, lora_alpha: int = 16,
+                          attention: str = "sdpa", lora_rank: int = 8, lora_alpha: int = DEFAULT_LORA_ALPHA,
                           lora_targets: Sequence[str] | str = DEFAULT_LORA_TARGETS) -> DeepSpeedLaunch:
     """The setup and knobs a DeepSpeed JSON (a dict or a path) trains ``model`` with on ``nodes`` × ``gpus``.
 

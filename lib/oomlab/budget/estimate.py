@@ -10,7 +10,7 @@ from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.result import SOURCES, BudgetResult, Source
 from oomlab.budget.traced import traced_budget
 from oomlab.core.errors import InvalidValueError, UnknownNameError
-from oomlab.core.setup import DEFAULT_LORA_TARGETS, make_setup
+from oomlab.core.setup import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS, make_setup
 
 # Name lookups and validation, once per distinct input (typed: 2 and 2.0, 1 and True stay apart, as validate tells them
 # apart); a refused input raises every time (lru_cache keeps no exception).  Setups are frozen, so sharing is safe.
@@ -31,7 +31,7 @@ def estimate(
     checkpointing: bool = False,
     attention: str = "sdpa",
     lora_rank: int = 8,
-    lora_alpha: int = 16,
+    lora_alpha: int = DEFAULT_LORA_ALPHA,
     lora_targets: Sequence[str] | str = DEFAULT_LORA_TARGETS,
     source: str = "analytic",
     outside_bytes: int | None = None,

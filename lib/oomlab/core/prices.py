@@ -201,14 +201,23 @@ def assumed_host_ram(gpu: str, gpus: int, table: PriceTable | None = None) -> Ho
         return HostRam(int(i.host_ram_bytes or 0), f"no {gpus} x {gpu} instance is listed; the smallest with more, "
                                                    f"{i.label} ({i.gpus_per_instance} x {gpu}), has "
                                                    f"{format_size(i.host_ram_bytes or 0)}, in {where}", True)
-    seed = _seed_instance()
-    return HostRam(seed.host_ram_bytes or 0, f"no {gpu} instance is listed in the price table; the seed's "
-                                             f"{seed.label} ({seed.gpus_per_instance} x {SEED_GPU}) has "
-                                             f"{format_size(seed.host_ram_bytes or 0)}, in specs/prices.json", True)
+    seed = seed_instance()
+    return HostRam(seed.host_ram_bytes, f"no {gpu} instance is listed in the price table; {seed_machine_text()}",
+                   True)
+
+
+def seed_machine_text(sentence: bool = True) -> str:
+    """The fallback host in words, read from the shipped table: as a sentence ("the seed's aws g4dn.12xlarge (4 x t4)
+    has 192.00 GiB, in specs/prices.json") or as a name for help texts ("the seed's aws g4dn.12xlarge (4 x t4,
+    192.00 GiB)")."""
+    seed = seed_instance()
+    machine = f"the seed's {seed.label} ({seed.gpus_per_instance} x {SEED_GPU}"
+    size = format_size(seed.host_ram_bytes)
+    return f"{machine}) has {size}, in specs/prices.json" if sentence else f"{machine}, {size})"
 
 
 @cache
-def _seed_instance() -> InstancePrice:
+def seed_instance() -> InstancePrice:
     """The seed's machine in the shipped table (4 x T4: AWS g4dn.12xlarge), the fallback host of any GPU not listed."""
     found = _shipped().host_for(SEED_GPU, SEED_GPUS)
     if found is None or not found.host_ram_bytes:

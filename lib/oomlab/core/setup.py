@@ -13,13 +13,12 @@ from typing import Any
 from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, choice
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import GPUSpec, load_gpu
-from oomlab.core.models import ALL_LINEAR, PROJECTIONS, ModelSpec, load_model
+from oomlab.core.models import ALL_LINEAR, ModelSpec, load_model
 
 # LLaMA's names for the attention projections; in a family that names them otherwise (GPT-NeoX's query_key_value and
 # dense, Phi-3's qkv_proj and o_proj, ...) the default means that family's attention projections
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 DEFAULT_LORA_ALPHA = 16  # scales the adapter's update, changes no memory (peft's LoraConfig default is 8)
-LORA_TARGET_CHOICES = (*PROJECTIONS, ALL_LINEAR)  # LLaMA's; every family's own: ModelSpec.lora_target_names
 
 
 def lora_targets_for(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ALL_LINEAR, load_model
-from oomlab.core.prices import HOST_RAM_AUTO
+from oomlab.core.prices import HOST_RAM_AUTO, seed_machine_text
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_GPUS, SEED_MODEL
 from oomlab.core.setup import DEFAULT_LORA_TARGETS, MAX_GPUS_PER_NODE
 from oomlab.core.units import parse_memory_size
@@ -89,7 +89,7 @@ PARAMETERS: dict[str, Param] = {
               "they decide the setup; none: the setup is the parameters above, stated as assumptions",
               canonical=_launch_dir),
         Param("host_ram", str, HOST_RAM_AUTO, "host RAM per node, with its unit; auto: assumed, the listed instance "
-              f"with these GPUs (specs/prices.json; the seed's {SEED_GPUS} x {SEED_GPU} machine's when none is listed)",
+              f"with these GPUs (in specs/prices.json), else {seed_machine_text(sentence=False)}",
               canonical=lambda v: v if str(v).strip().lower() == HOST_RAM_AUTO else (parse_memory_size(v), v)[1]),
         Param("trace", bool, True, "also trace setups with PyTorch's MemTracker (seconds each, cached)"),
     )

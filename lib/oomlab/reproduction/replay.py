@@ -26,8 +26,6 @@ from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.result import FailingTensor, ReproduceResult, traceback_frames
 from oomlab.reproduction.walk import unlimited_walk, walk_apply
 
-DEVICES = tuple(d.value for d in Device)
-
 
 def validate(
     model: str, dtype: str, gpu: str, non_pytorch_mib: float | None, device: str | Device,
@@ -55,7 +53,7 @@ def reproduce(
     gpu: str = SEED_GPU,
     non_pytorch_mib: float | None = None,
     device: str = "auto",
-    message_format: str | None = None,
+    message_format: MessageFormat | str | None = None,
 ) -> ReproduceResult:
     """Move ``model`` in ``dtype`` to one ``gpu`` as ``model.to("cuda")`` does, and report the outcome.
 
@@ -66,7 +64,7 @@ def reproduce(
     case and the current (torch >= 2.1) one otherwise.
     """
     if message_format in (None, "auto"):
-        message_format = "old" if is_seed_case(model, dtype, gpu) else "new"
+        message_format = MessageFormat.OLD if is_seed_case(model, dtype, gpu) else MessageFormat.NEW
     spec, dt, gpu_spec, where, fmt = validate(model, dtype, gpu, non_pytorch_mib, device, message_format)
     if non_pytorch_mib is None:
         era = TorchEra.OLD if fmt is MessageFormat.OLD else TorchEra.NEW
