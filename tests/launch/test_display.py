@@ -35,12 +35,23 @@ def test_check_shows_the_setup_rows(seed_check) -> None:
 
 
 def test_the_reply_reads_the_traceback_as_notebook_01_does(seed_check) -> None:
-    """The Markdown reply's launch path is the same reading as notebook 01's (prose.traceback_proves)."""
+    """The Markdown reply's launch path is notebook 01's reading (prose.traceback_proves), said of a traceback that
+    would happen: check reads none."""
     sentence = traceback_sentence(seed_check)
-    assert "moved a full replica to each GPU with `Module.to()`: it was one of" in sentence
-    assert "It was not ZeRO-3 under zero.Init" in sentence and sentence.endswith("is one of them.")
+    assert "would prove that its launcher moved a full replica to each GPU with `Module.to()`: one of" in sentence
+    assert "; not ZeRO-3 under zero.Init" in sentence and sentence.endswith("is one of them.")
     md = render_markdown(seed_check)
     assert "| per GPU | |\n|---|---:|\n| load (deepspeed-to) |" in md
+
+
+def test_a_launch_that_cannot_raise_it_is_not_said_to_have_run() -> None:
+    """ZeRO-3 under zero.Init cannot fail in Module._apply: the reply says so, not that "the launch that ran
+    differed" (check has no traceback, so nothing ran)."""
+    result = check_launch(check_inputs(launch_dir=TWIN / "zero3", model="llama-13b", gpu="t4", gpus=4))
+    sentence = traceback_sentence(result)
+    assert sentence.endswith("(zero3: ZeRO-3 under zero.Init) is not one of them: it cannot fail there.")
+    assert "that ran" not in sentence and "could not happen" not in sentence
+    assert f"**Launch path.** {sentence}\n" in render_markdown(result)
 
 
 def test_a_folder_is_read_by_inputs() -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 from oomlab.core.choices import Strategy
 from oomlab.launch.check import other_launches
 from oomlab.launch.origin import OriginKind
-from oomlab.launch.prose import case_intro, launch_path_reading, replica_dtype
+from oomlab.launch.prose import case_intro, launch_path_reading, replica_dtype, traceback_proves
 from oomlab.launch.user import user_launch
 from oomlab.pipeline.params import PARAMETERS, parse_params
 from oomlab.reproduction.replay import reproduce
@@ -53,6 +53,20 @@ def test_traceback_reading_and_other_launches() -> None:
     assert "the user's launcher moved a full replica" in reading and "is one of them" in reading
     rows = {row[0]: row for row in other_launches(seed)}
     assert rows["ddp (as launched)"][2] == "load" and rows["zero3"][2] != "load"
+
+
+def test_a_read_traceback_and_a_hypothetical_one() -> None:
+    """Notebook 01 read a traceback, so a launch that cannot raise it is not the one that ran; check (hypothetical)
+    read none, so the same launch only cannot fail there."""
+    launch = user_launch(parse_params(["strategy=zero3"]), DEFAULTS)
+    read = launch_path_reading(launch, reproduce(device="simulated"))
+    assert "means the user's launcher moved a full replica" in read and "It was not ZeRO-3 under zero.Init" in read
+    assert read.endswith("is not one of them: under it this traceback could not happen, so the launch that ran "
+                         "differed.")
+    said = traceback_proves(launch, "A traceback like it", "its launcher", hypothetical=True)
+    assert said.startswith("A traceback like it would prove that its launcher moved a full replica")
+    assert said.endswith("(zero3: ZeRO-3 under zero.Init) is not one of them: it cannot fail there.")
+    assert "that ran" not in said
 
 
 def test_assumed_fields_hold_the_setups_members() -> None:

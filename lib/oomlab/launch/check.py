@@ -82,7 +82,7 @@ class CheckResult:
     load: LoadCheck
     budget: BudgetResult
     fails_at: FailsAt | None  # None: it loads and the step fits
-    phase: Phase | LoadPath | None  # where it fails: the step's phase, or the load path while loading
+    phase: Phase | None  # the step's phase it fails in; None when it fails at load (``load.path``) or fits
     smallest_fix: Fix | None  # None when it fits, or when no change of one or two knobs does
     host_ram: HostRam
 
@@ -99,7 +99,7 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, Any]:
         s = self.launch.setup
-        phase = f"load: {ROWS[self.phase].how}" if isinstance(self.phase, LoadPath) else plain(self.phase)
+        phase = f"load: {ROWS[self.load.path].how}" if self.fails_at is FailsAt.LOAD else plain(self.phase)
         return {"fails_at": None if self.fails_at is None else self.fails_at.value, "phase": phase,
                 "per_gpu_peak_bytes": self.per_gpu_peak_bytes, "capacity_bytes": s.gpu.total_memory_bytes,
                 "load": self.load.to_dict(), "step": self.budget.to_dict(),
@@ -147,9 +147,9 @@ def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> Lo
     return LoadCheck(path, None, cap, True, f"{how}: not checked at load (the step decides)")
 
 
-def _phase(load: LoadCheck, budget: BudgetResult) -> tuple[FailsAt | None, Phase | LoadPath | None]:
+def _phase(load: LoadCheck, budget: BudgetResult) -> tuple[FailsAt | None, Phase | None]:
     if not load.fits:
-        return FailsAt.LOAD, load.path
+        return FailsAt.LOAD, None
     if not budget.fits:
         return FailsAt.STEP, budget.peak_phase
     return None, None

@@ -30,9 +30,10 @@ def verdict(result: CheckResult) -> str:
 
 
 def traceback_sentence(result: CheckResult) -> str:
-    """What a ``Module._apply → convert → t.to`` traceback proves, and whether this launch is one of those."""
+    """What a ``Module._apply → convert → t.to`` traceback would prove, and whether this launch is one of those (or
+    cannot fail there): ``check`` reads no traceback, so nothing is said to have run."""
     return traceback_proves(result.launch, "A traceback ending in `Module._apply` → `convert` → `t.to` with most of "
-                            "a replica allocated")
+                            "a replica allocated", "its launcher", hypothetical=True)
 
 
 def per_gpu_rows(result: CheckResult) -> list[tuple[str, str]]:

@@ -1,11 +1,12 @@
-"""Notebook 01's sentences about the case, computed from it: what is being reproduced (the user's launch, read or
-assumed), and which launch the traceback proves."""
+"""The sentences about a launch, computed from it, for notebook 01 and ``oomlab check``: the launch's name, what is
+being reproduced (the user's launch, read or assumed), and which launches a ``Module._apply`` traceback proves --
+the one notebook 01 read, or (``check``, with none read) the one the launch would or could not raise."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oomlab.core.choices import Route
+from oomlab.core.choices import Precision, Route
 from oomlab.core.markdown import markdown_table
 from oomlab.core.seed import is_seed_case
 from oomlab.core.setup import TrainingSetup
@@ -23,7 +24,7 @@ def replica_dtype(launch: UserLaunch) -> str:
     s = launch.setup
     path = load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)
     if path is LoadPath.DEEPSPEED_TO:
-        return "float32" if s.precision.value == "fp32" else s.precision.compute_dtype
+        return "float32" if s.precision is Precision.FP32 else s.precision.compute_dtype
     return launch.load_dtype
 
 
@@ -76,9 +77,11 @@ def launch_path_reading(launch: UserLaunch, result: ReproduceResult) -> str:
 
 
 def traceback_proves(launch: UserLaunch, traceback: str, whose: str = "a launcher that fails this way",
-                     frames: Sequence[str] = APPLY_FRAMES) -> str:
+                     frames: Sequence[str] = APPLY_FRAMES, *, hypothetical: bool = False) -> str:
     """What ``traceback`` (a ``Module._apply → convert → t.to`` failure in words, with its ``frames``) proves about
-    ``whose`` launcher, and whether the launch as read or assumed is one of those."""
+    ``whose`` launcher, and whether the launch as read or assumed is one of those. ``hypothetical``: no traceback
+    was read (``oomlab check``), so the sentence says what one would prove, and a launch outside those cannot fail
+    there; otherwise (notebook 01) the traceback happened, and a launch outside those is not the one that ran."""
     s = launch.setup
     mine = ROWS[load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)]
     allowed = paths_the_traceback_allows(tuple(frames))
@@ -86,6 +89,10 @@ def traceback_proves(launch: UserLaunch, traceback: str, whose: str = "a launche
     others = ", ".join(r.short for r in ROWS.values() if r not in allowed)
     origin = launch.fields["strategy"].origin
     said = "assumed" if origin.kind is OriginKind.ASSUMED else f"read from {origin}"
+    if hypothetical:
+        fit = "is one of them" if mine in allowed else "is not one of them: it cannot fail there"
+        return (f"{traceback} would prove that {whose} moved a full replica to each GPU with `Module.to()`: one of "
+                f"{names}; not {others}. The launch {said} ({s.strategy.value}: {mine.short}) {fit}.")
     fit = ("is one of them" if mine in allowed else
            "is not one of them: under it this traceback could not happen, so the launch that ran differed")
     return (f"{traceback} means {whose} moved a full replica to each GPU with `Module.to()`: it was one of {names}. "

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from oomlab.budget.result import Fit
-from oomlab.core.choices import Method
+from oomlab.core.choices import Method, Strategy
 from oomlab.core.gpus import load_gpu
 from oomlab.core.seed import SEED_DTYPE, is_seed_case
 from oomlab.core.units import format_signed_size, format_size
@@ -75,7 +75,7 @@ def heading(plan: Plan) -> str:
     gpu = load_gpu(plan.gpu).display_name
     seed = plan.seed
     who = configured_words(plan.model, plan.gpu, plan.gpus)
-    run = (f"{seed.strategy.value if seed.strategy.value != 'single' else 'one process'}, "
+    run = (f"{seed.strategy.value if seed.strategy is not Strategy.SINGLE else 'one process'}, "
            f"{seed.method.value} fine-tuning, {seed.precision.value}, {seed.optimizer.value}")
     state = Fit.of(seed.fits).value + (" (notebook 01 reproduced why)" if seed.fails_at_load and not seed.fits
                                        else "")

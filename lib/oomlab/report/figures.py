@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oomlab.budget.result import BudgetResult, Fit, MemCategory
+from oomlab.budget.result import BudgetResult, Fit, MemCategory, Phase
 from oomlab.core.units import GiB, format_size
 
 # One fixed colour per component, so a component keeps its colour in every figure and every explorer update.
@@ -116,7 +116,7 @@ def plot_trace_timeline(trace: Any, title: str = "") -> Any:
     start = 0
     for i in range(1, len(events) + 1):
         if i == len(events) or events[i][1] is not events[start][1]:
-            ax.axvspan(start - 0.5, i - 0.5, color="grey", alpha=0.06 if events[start][1].value != "backward" else 0.14)
+            ax.axvspan(start - 0.5, i - 0.5, color="grey", alpha=0.14 if events[start][1] is Phase.BACKWARD else 0.06)
             ax.text((start + i) / 2, max(totals) * 1.02, events[start][1].value, ha="center", fontsize=8)
             start = i
     ax.set_xlim(-0.5, len(events) - 0.5)
