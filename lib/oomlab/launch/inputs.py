@@ -13,7 +13,6 @@ from oomlab.core.models import load_model
 from oomlab.launch.files import read_json
 from oomlab.launch.read import LaunchInputs
 
-FILE_OPTIONS = ("accelerate_config", "deepspeed", "training_args", "adapter_config", "quantization_config")
 LAUNCH_COMMAND_FILES = ("launch.sh", "launch.txt", "command.txt")
 
 

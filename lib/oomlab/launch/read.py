@@ -34,8 +34,6 @@ from oomlab.launch.origin import (
     flag_origin,
 )
 
-SETUP_FIELDS = ("model", "gpus", "nodes", "strategy", "method", "precision", "optimizer", "batch", "seq",
-                "checkpointing", "attention", "lora_rank", "lora_alpha", "lora_targets")
 ASSUMED_SEQ = 2048  # the pipeline's seq default
 ASSUMED_DTYPE = "float16"  # the pipeline's dtype default (the seed's)
 _TRUE = ("true", "1", "yes", "on")
