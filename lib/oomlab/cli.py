@@ -313,7 +313,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     print("\n".join(_aligned(summary.facts(result))))
     if result.raised:
         print("frames (innermost last): " + " > ".join(result.frames))
-    if summary.is_seed_case(result) and result.raised:
+    if summary.is_seed_result(result) and result.raised:
         print("\n".join(_aligned([summary.SEED_HEADERS, *summary.seed_rows(compare_with_seed(result))])))
     return 0
 

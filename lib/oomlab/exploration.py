@@ -27,6 +27,7 @@ from oomlab.core.setup import TrainingSetup, lora_targets_for, make_setup
 from oomlab.core.units import GiB, MiB, format_size
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.remedies.hardware import HardwareSearch, search_hardware
+from oomlab.remedies.hardware_display import HARDWARE_HEADERS
 from oomlab.report import hardware as report_hardware
 from oomlab.report.figures import FIT_COLORS, PALETTE
 from oomlab.report.tables import html_table
@@ -299,7 +300,7 @@ def render_hardware_html(search: HardwareSearch | OomlabError) -> str:
         return f'<div style="color:{RED}">cannot search: {html.escape(str(search))}</div>'
     data = search.to_dict()
     winners = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", report_hardware.winners(data))  # its user text is escaped
-    table = html_table(report_hardware.HARDWARE_HEADERS, report_hardware.hardware_rows(data, compact=False))
+    table = html_table(HARDWARE_HEADERS, report_hardware.hardware_rows(data, compact=False))
     return f'<div class="oomlab-hardware"><p>{winners}</p>{table}</div>'
 
 

@@ -3,7 +3,14 @@
 import pytest
 
 from oomlab.budget.analytic import ALLOCATOR_NOTE, estimate_setup
-from oomlab.budget.display import configured_sentence, training_words
+from oomlab.budget.display import (
+    budget_variants,
+    component_rows,
+    configured_sentence,
+    seed_variants,
+    summarize,
+    training_words,
+)
 from oomlab.budget.result import Fit, outside_figure, outside_note
 from oomlab.core.setup import make_setup
 from oomlab.core.units import GiB, MiB
@@ -28,6 +35,25 @@ def test_configured_sentence() -> None:
         "Training as configured (ddp, full fine-tuning, fp16-mixed, adamw, micro-batch 1 × 2048 tokens) needs "
         "30.00 GiB per GPU and does not fit (15.00 GiB short); the 4 GPUs do not pool their memory.")
     assert configured_sentence(words, 10 * GiB, 5 * GiB, True, 1).endswith("and fits (5.00 GiB to spare).")
+
+
+@pytest.mark.parametrize(("gpus", "method", "strategy", "checkpointing", "words"), [
+    (2, "full", None, False, "full fine-tune, a replica per GPU (ddp)"),  # the default: a replica per GPU
+    (1, "full", "ddp", False, "full fine-tune, a replica per GPU (single)"),  # ddp on one GPU is the single run
+    (2, "lora", "fsdp", True, "LoRA r8, fsdp, checkpointing"),
+])
+def test_variant_labels_carry_no_marker(gpus: int, method: str, strategy: str | None, checkpointing: bool,
+                                        words: str) -> None:
+    """The variants' labels name the variant alone; the budgets' first row, its table row and the summary say
+    "as configured" once, none by stripping a prefix off a label."""
+    variants = seed_variants("llama-2-7b", "a100-80gb", gpus, "bf16-mixed", "adamw", 1, 512, checkpointing, "sdpa", 8,
+                             strategy=strategy, method=method)
+    assert variants[0][0] == words and not any(label.startswith("as configured") for label, _ in variants)
+    results = budget_variants(variants)
+    assert [label for label, _ in results][0] == f"as configured: {words}"
+    assert [label for label, _ in results][1:] == [label for label, _ in variants[1:]]
+    assert component_rows(results)[0][0] == f"as configured: {words}"
+    assert summarize(results, gpus).startswith(f"**As configured** ({words}) one training step needs ")
 
 
 def test_outside_note_is_typed() -> None:

@@ -48,7 +48,7 @@ def _run(name: str, tmp_path) -> tuple[dict, object, str]:
     fits_case = reproduce(model=model, dtype="float16", gpu=big, device="simulated") if big else None
     target = summary.decoding_target(result)
     decoded = explain(target[1], model=model, gpu=gpu, dtype="float16") if target else None
-    honesty = honest_reproduction() if summary.is_seed_case(result) else None
+    honesty = honest_reproduction() if summary.is_seed_result(result) else None
     # the user's setup, as notebooks 01-03 read it (no launch files: every field the parameters')
     defaults = {name: p.default for name, p in PARAMETERS.items()}
     launch = user_launch({**defaults, "model": model, "gpu": gpu, "gpus": gpus, "method": method,

@@ -4,11 +4,12 @@ import pytest
 
 from oomlab.core.units import MiB
 from oomlab.remedies import checks as verify
-from oomlab.remedies.verification import Check, CheckUnit, Verification, verify_rows
+from oomlab.remedies.gloo import WORLD_SIZE
+from oomlab.remedies.verification import VERIFY_HEADERS, Check, CheckUnit, Verification, verify_rows
 
 
 @pytest.fixture(scope="module")
-def fsdp_checks() -> list[verify.Check]:
+def fsdp_checks() -> list[Check]:
     return verify.check_fsdp(world_size=4, steps=2)
 
 
@@ -110,8 +111,12 @@ def test_check_round_trips_its_unit() -> None:
         Check.from_dict({**check.to_dict(), "unit": "GB"})
 
 
-def test_public_names_stay_importable_from_checks() -> None:
-    """Notebook 03 and the report read the record types, rows and the gloo world size from oomlab.remedies.checks."""
-    assert (verify.Check, verify.Verification, verify.verify_rows) == (Check, Verification, verify_rows)
-    assert verify.WORLD_SIZE == 4 and verify.VERIFY_HEADERS[0] == "remedy"
+def test_records_live_in_verification_only() -> None:
+    """checks runs the checks and exports only them: the records, their rows and the gloo world size are read from
+    their own modules (oomlab.remedies.verification, oomlab.remedies.gloo), not re-exported for old import paths."""
+    assert set(verify.__all__).isdisjoint({"Check", "CheckUnit", "Verification", "VERIFY_HEADERS", "verify_rows",
+                                           "WORLD_SIZE"})
+    assert not hasattr(verify, "VERIFY_HEADERS") and not hasattr(verify, "verify_rows")
+    assert all(hasattr(verify, name) for name in verify.__all__)
+    assert (VERIFY_HEADERS[0], WORLD_SIZE) == ("remedy", 4)
     assert set(verify.FAST) | {"fsdp"} == set(verify.CHECKS)

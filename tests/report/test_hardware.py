@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from oomlab.remedies.hardware import HardwareSearch, search_hardware
-from oomlab.remedies.hardware_display import hardware_rows, option_row, winners
+from oomlab.remedies.hardware_display import HARDWARE_HEADERS, hardware_rows, option_row, render_search, winners
 from oomlab.report import hardware as rh
 
 GPUS = ["t4", "a10g", "h100-80gb"]
@@ -27,7 +27,7 @@ def test_compact_table_has_one_row_per_gpu_type_then_the_winners(data) -> None:
     for key in ("cheapest", "fastest", "fewest_gpus"):
         assert labels.count(data[key]) == 1
     assert len(labels) == len(set(labels))
-    assert all(len(row) == len(rh.HARDWARE_HEADERS) for row in rows)
+    assert all(len(row) == len(HARDWARE_HEADERS) for row in rows)
 
 
 def test_full_table_and_marks(data) -> None:
@@ -69,7 +69,7 @@ def test_an_unpriced_row_says_so_in_every_view(data) -> None:
     unpriced = replace(search, options=tuple(replace(o, price=None) if o == fastest else o for o in search.options))
     row = next(r for r in hardware_rows(unpriced, compact=False) if r[0] == fastest.label)
     assert row[6] == "no list price"
-    assert "USD" not in winners(unpriced).split("**fastest**")[1].split(";")[0]
+    assert "per million tokens" not in winners(unpriced).split("**fastest**")[1].split(";")[0]
 
 
 def test_winners_sentence(data) -> None:
@@ -82,6 +82,20 @@ def test_winners_sentence(data) -> None:
     assert "$" not in text  # Jupyter's Markdown would read a pair of dollars as math
 
 
+def test_winners_say_dollars_as_the_cli_and_the_header_do(data) -> None:
+    """One currency wording: the CLI's "$0.123 per million tokens" (its header "$/M tok"), and the same "$" in the
+    report's Markdown, written as an entity so that the rendered page shows it and the bold around it."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    search = HardwareSearch.from_dict(data)
+    cost = f"{search.cheapest.usd_per_million_tokens:.3f}"
+    assert f", &#36;{cost} per million tokens)" in rh.winners(data) and "USD" not in rh.winners(data)
+    page = markdown2html_mistune(rh.winners(data))
+    assert f"${cost} per million tokens" in page and "**" not in page and page.count("<strong>") == 3
+    text = render_search(search)
+    assert f", ${cost} per million tokens)" in text and "$/M tok" in text and "USD" not in text
+
+
 def test_pareto_figure_labels_the_front(data) -> None:
     """Points are the priced fitting rows; the front's are labelled GPU × count."""
     points = rh.cost_points(data)
@@ -89,3 +103,8 @@ def test_pareto_figure_labels_the_front(data) -> None:
     fig = rh.plot_hardware_pareto(data)
     texts = {t.get_text() for t in fig.axes[0].texts}
     assert texts == set(data["pareto"])
+
+
+def test_headers_are_read_from_their_home() -> None:
+    """The report's hardware section re-exports nothing: the table's headers are hardware_display's alone."""
+    assert not hasattr(rh, "HARDWARE_HEADERS") and HARDWARE_HEADERS[0] == "hardware"

@@ -10,6 +10,7 @@ import pytest
 
 from oomlab.budget import agreement
 from oomlab.budget.display import budget_variants, seed_variants
+from oomlab.core import seed
 from oomlab.core.gpus import load_gpu
 from oomlab.core.paths import MODEL_SPECS_DIR
 from oomlab.explanation.explain import explain
@@ -197,3 +198,10 @@ def test_remedy_bars_mark_the_recommended(out_dir) -> None:
         chosen = next(b for b in bars if b.chosen)
         assert chosen.label.endswith(recommended["name"])
         assert chosen.per_gpu_peak_bytes == recommended["per_gpu_peak_bytes"]
+
+
+def test_story_re_exports_no_headers() -> None:
+    """The story imports the tables' headers and the seed rule under their own names and re-exports none of them."""
+    assert not any(hasattr(story, name) for name in ("VERIFY_HEADERS", "CHECK_HEADERS", "KNOB_HEADERS",
+                                                      "is_seed_figures"))
+    assert story.is_seed_case is seed.is_seed_case

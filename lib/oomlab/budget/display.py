@@ -15,7 +15,7 @@ from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
 from oomlab.budget.small_scale import SMALL_CASES, compare_small
 from oomlab.core.choices import Optimizer, Precision
 from oomlab.core.errors import OomlabError
-from oomlab.core.setup import make_setup
+from oomlab.core.setup import DEFAULT_LORA_ALPHA, make_setup
 from oomlab.core.units import format_size
 from oomlab.core.words import agree, count
 
@@ -101,26 +101,38 @@ BYTES_PER_PARAMETER_HEADERS = ["framework", "precision", "optimizer", "weights",
                                "optimizer state", "total B/param"]
 
 
+CONFIGURED = "as configured"  # how the budget's rows and sentences mark the configuration as given
+
+
+def configured_words(strategy: str, method: str, lora_rank: int, checkpointing: bool, gpus: int) -> str:
+    """The configuration as given, as the variants name it: ``full fine-tune, a replica per GPU (ddp)`` when it is the
+    plain replica, else its method and strategy (``LoRA r8, ddp, checkpointing``)."""
+    ddp = "ddp" if gpus > 1 else "single"
+    if (strategy, method) == (ddp, "full"):
+        return f"full fine-tune, a replica per GPU ({ddp})"
+    trains = {"full": "full fine-tune", "lora": f"LoRA r{lora_rank}", "qlora": f"QLoRA r{lora_rank}"}.get(method,
+                                                                                                        method)
+    return f"{trains}, {strategy}" + (", checkpointing" if checkpointing else "")
+
+
 def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: str, batch: int, seq: int,
                   checkpointing: bool, attention: str, lora_rank: int, strategy: str | None = None,
-                  method: str = "full", lora_targets: str | None = None, nodes: int = 1, lora_alpha: int = 16
+                  method: str = "full", lora_targets: str | None = None, nodes: int = 1,
+                  lora_alpha: int = DEFAULT_LORA_ALPHA
                   ) -> list[tuple[str, dict[str, Any]]]:
-    """The configuration as given (by default a full replica per GPU) and its usual variants, as ``estimate``
-    keyword arguments; on one GPU no sharded variant (FSDP over one GPU is the single-GPU run)."""
+    """The configuration as given (by default a full replica per GPU), first, and its usual variants, as ``estimate``
+    keyword arguments; on one GPU no sharded variant (FSDP over one GPU is the single-GPU run).  Each label names the
+    variant alone: :func:`budget_variants` marks the first one "as configured"."""
     base = {"model": model, "gpu": gpu, "gpus": gpus, "precision": precision, "optimizer": optimizer,
             "batch": batch, "seq": seq, "checkpointing": checkpointing, "attention": attention,
             "lora_rank": lora_rank, **({"nodes": nodes} if nodes != 1 else {}),
-            **({"lora_alpha": lora_alpha} if lora_alpha != 16 else {}),
+            **({"lora_alpha": lora_alpha} if lora_alpha != DEFAULT_LORA_ALPHA else {}),
             **({"lora_targets": lora_targets} if lora_targets else {})}  # the user's targets for every LoRA row
     ddp = "ddp" if gpus > 1 else "single"
     given = ddp if strategy is None or (gpus == 1 and strategy == "ddp") else strategy
-    trains = {"full": "full fine-tune", "lora": f"LoRA r{lora_rank}", "qlora": f"QLoRA r{lora_rank}"}.get(method,
-                                                                                                        method)
-    first = (f"as configured: full fine-tune, a replica per GPU ({ddp})" if (given, method) == (ddp, "full")
-             else f"as configured: {trains}, {given}" + (", checkpointing" if checkpointing else ""))
     configured = {**base, "strategy": given, "method": method}
     variants = [
-        (first, configured),
+        (configured_words(given, method, lora_rank, checkpointing, gpus), configured),
         (f"full fine-tune, a replica per GPU ({ddp})", {**base, "strategy": ddp, "method": "full"}),
         (f"accelerate FSDP (FSDP1) full shard over {count(gpus, 'GPU')}",
          {**base, "strategy": "fsdp", "method": "full"}),
@@ -142,11 +154,12 @@ def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: st
 
 
 def budget_variants(variants: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, BudgetResult]]:
-    """Analytic budgets of the variants that are valid on this hardware."""
+    """Analytic budgets of the variants that are valid on this hardware, labelled for display: the first
+    (:func:`seed_variants`' configuration as given) as ``as configured: <its label>``."""
     out = []
-    for label, kwargs in variants:
+    for index, (label, kwargs) in enumerate(variants):
         try:
-            out.append((label, estimate(**kwargs)))
+            out.append((f"{CONFIGURED}: {label}" if index == 0 else label, estimate(**kwargs)))
         except OomlabError:
             continue
     return out
@@ -186,14 +199,14 @@ def configured_sentence(training: str, per_gpu_peak_bytes: int, headroom_bytes: 
 
 def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
     """Markdown: what the configured setup needs, what breaks it, and which variants fit."""
-    label, seed = results[0]
-    gpu = seed.setup.gpu
+    seed = results[0][1]
+    s, gpu = seed.setup, seed.setup.gpu
+    given = configured_words(s.strategy.value, s.method.value, s.lora_rank, s.checkpointing, s.gpus)
     breaking = seed.breaking_component
     fitting = [(lbl, r) for lbl, r in results if r.fits]
     lines = [
-        f"**As configured** ({label.removeprefix('as configured: ')}) one training step needs "
-        f"{format_size(seed.per_gpu_peak_bytes)} on each "
-        f"{gpu.display_name} of {format_size(seed.capacity_bytes)}: "
+        f"**{CONFIGURED.capitalize()}** ({given}) one training step needs {format_size(seed.per_gpu_peak_bytes)} "
+        f"on each {gpu.display_name} of {format_size(seed.capacity_bytes)}: "
         + (f"it {Fit.FITS.value}." if seed.fits else
            f"it {Fit.NO.value}, short by {format_size(-seed.headroom_bytes)}; the largest component is "
            f"{breaking.value} ({format_size(seed.components[breaking])}) and the peak falls in the "

@@ -19,7 +19,8 @@ A tiny LLaMA-family model (:func:`oomlab.budget.step.tiny_setup`) trains for rea
 
 The multi-process run (:mod:`oomlab.remedies.gloo`) takes 15-25 s; :func:`verification` caches the rows
 (:mod:`oomlab.remedies.checks_cache`) keyed by the library versions, and says when they were measured.  What a check
-records, and its display rows, are :mod:`oomlab.remedies.verification`'s (importable from here too).
+records, and its display rows, are :mod:`oomlab.remedies.verification`'s; the gloo world size is
+:data:`oomlab.remedies.gloo.WORLD_SIZE`.
 """
 
 from __future__ import annotations
@@ -43,12 +44,10 @@ from oomlab.core.setup import TrainingSetup
 from oomlab.remedies.checks_cache import cached_verification
 from oomlab.remedies.gloo import WORLD_SIZE, fsdp_setup, run_fsdp_gloo
 from oomlab.remedies.throughput import flops_per_token
-from oomlab.remedies.verification import VERIFY_HEADERS, Check, CheckUnit, Verification, verify_rows
+from oomlab.remedies.verification import Check, CheckUnit, Verification
 
-# Check, Verification, their rows and WORLD_SIZE are re-exported: notebook 03 and the report read them from here
-__all__ = ["CHECKS", "FAST", "VERIFY_HEADERS", "WORLD_SIZE", "Check", "CheckUnit", "Verification", "check_adamw_8bit",
-           "check_checkpointing", "check_device_map", "check_flops", "check_fsdp", "check_lora", "check_qlora",
-           "count_step_flops", "verification", "verify_rows"]
+__all__ = ["CHECKS", "FAST", "check_adamw_8bit", "check_checkpointing", "check_device_map", "check_flops", "check_fsdp",
+           "check_lora", "check_qlora", "count_step_flops", "verification"]
 
 
 # ------------------------------------------------------------------------------------------ FSDP2 over gloo

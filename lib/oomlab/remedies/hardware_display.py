@@ -15,11 +15,13 @@ from oomlab.remedies.remedy import format_tokens_per_s
 HARDWARE_HEADERS = ["hardware", "best remedy that fits", "peak / GPU", "headroom", "max micro-batch", "tokens/s",
                     "$ / M tokens", "ranking"]
 NO_PRICE = "no list price"
+DOLLAR = "$"  # the currency sign of the CLI's text and of both tables' headers
+MARKDOWN_DOLLAR = "&#36;"  # the same sign in Markdown, where a pair of bare "$" would be read as math
 RANKINGS = (("cheapest", "cheapest per token"), ("fastest", "fastest"), ("fewest_gpus", "fewest GPUs"))
 
 
 def cost_text(o: HardwareOption) -> str:
-    """Dollars per million training tokens, to the tenth of a cent (no "$": Markdown would read a pair as math)."""
+    """Dollars per million training tokens, to the tenth of a cent: a table cell's figure (its header says "$")."""
     cost = o.usd_per_million_tokens
     return NO_PRICE if cost is None else f"{cost:.3f}"
 
@@ -67,9 +69,10 @@ def hardware_rows(search: HardwareSearch, compact: bool = True) -> list[tuple[An
     return [option_row(search, o, marked) for o in chosen]
 
 
-def winner_text(o: HardwareOption, esc: Callable[[str], str] = str) -> str:
-    """``8 × a100-80gb with <remedy> (1,234 tokens/s, 0.123 USD per million tokens)``; ``esc`` escapes user text."""
-    price = "" if o.usd_per_million_tokens is None else f", {cost_text(o)} USD per million tokens"
+def winner_text(o: HardwareOption, esc: Callable[[str], str] = str, dollar: str = DOLLAR) -> str:
+    """``8 × a100-80gb with <remedy> (1,234 tokens/s, $0.123 per million tokens)``; ``esc`` escapes user text,
+    ``dollar`` is the sign as the output writes it (:data:`MARKDOWN_DOLLAR` in Markdown)."""
+    price = "" if o.usd_per_million_tokens is None else f", {dollar}{cost_text(o)} per million tokens"
     return f"{esc(o.label)} with {esc(o.remedy.name)} ({format_tokens_per_s(o.tokens_per_s)} tokens/s{price})"
 
 
@@ -78,12 +81,14 @@ def _counts(search: HardwareSearch) -> list[int]:
 
 
 def winners(search: HardwareSearch) -> str:
-    """The three rankings' winners and the search time, as Markdown (user text escaped)."""
+    """The three rankings' winners and the search time, as Markdown (user text escaped, the dollar sign as an HTML
+    entity: Jupyter's and nbconvert's Markdown read a pair of "$" as math)."""
     methods = "/".join(m.value for m in search.methods)
     parts = []
     for key, title in RANKINGS:
         o = winner(search, key)
-        parts.append(f"**{title}**: nothing fits" if o is None else f"**{title}**: {winner_text(o, html.escape)}")
+        said = "nothing fits" if o is None else winner_text(o, html.escape, MARKDOWN_DOLLAR)
+        parts.append(f"**{title}**: {said}")
     return (f"Every GPU type oomlab knows × {', '.join(str(n) for n in _counts(search))} GPUs, the plan's best "
             f"{html.escape(methods)} remedy on each: {len(search.fitting)} of {len(search.options)} fit, searched in "
             f"{search.seconds:.2f} s. " + "; ".join(parts) + ". Prices: " + html.escape(search.prices_source) + ".")

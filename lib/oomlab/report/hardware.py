@@ -11,7 +11,6 @@ from typing import Any
 
 from oomlab.remedies import hardware_display
 from oomlab.remedies.hardware import HardwareSearch
-from oomlab.remedies.hardware_display import HARDWARE_HEADERS as HARDWARE_HEADERS
 from oomlab.report.figures import CostPoint, plot_pareto
 
 

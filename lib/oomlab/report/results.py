@@ -24,11 +24,11 @@ from oomlab.core.files import write_text_atomic
 from oomlab.core.gpus import GPUSpec
 from oomlab.core.setup import TrainingSetup
 from oomlab.explanation.explain import Explanation
-from oomlab.remedies.checks import Verification
 from oomlab.remedies.display import verdict
 from oomlab.remedies.fit_map import FitMap
 from oomlab.remedies.placement import DeviceMapPlacement
 from oomlab.remedies.plan import Plan
+from oomlab.remedies.verification import Verification
 from oomlab.reproduction.honesty import HonestReproduction
 from oomlab.reproduction.result import ReproduceResult, compare_with_seed
 

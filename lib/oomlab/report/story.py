@@ -17,18 +17,16 @@ from oomlab.budget.display import configured_sentence, training_words
 from oomlab.budget.result import MemCategory, outside_figure, outside_note
 from oomlab.core.choices import Method, Strategy
 from oomlab.core.gpus import load_gpu
-from oomlab.core.seed import is_seed_case as is_seed_figures
+from oomlab.core.seed import is_seed_case
 from oomlab.core.units import format_signed_size, format_size
 from oomlab.core.words import agree, count
 from oomlab.launch.paths import ROWS, path_of
-from oomlab.remedies.checks import VERIFY_HEADERS as CHECK_HEADERS
-from oomlab.remedies.checks import Verification, verify_rows
 from oomlab.remedies.display import COMPACT_REMEDY_HEADERS, knob_change_text, knob_rows, otherwise_sentence
-from oomlab.remedies.display import KNOB_HEADERS as KNOB_HEADERS
 from oomlab.remedies.display import remedy_rows as plan_remedy_rows
 from oomlab.remedies.knobs import KnobChange
 from oomlab.remedies.plan import Outcome
 from oomlab.remedies.remedy import Remedy
+from oomlab.remedies.verification import Verification, verify_rows
 from oomlab.report.figures import BarRow, RemedyBar, plot_budget_bars, plot_remedies
 from oomlab.report.results import NOTEBOOK_RESULTS
 from oomlab.reproduction import summary
@@ -78,7 +76,7 @@ def seed_table_rows(r: dict[str, Any]) -> list[list[str]]:
 
 def is_seed_story(r: dict[str, Any]) -> bool:
     c = r["reproduce"]["case"]
-    return is_seed_figures(c["model"], c["dtype"], c["gpu"])
+    return is_seed_case(c["model"], c["dtype"], c["gpu"])
 
 
 def answer(r: dict[str, Any]) -> str:
@@ -269,11 +267,11 @@ def evidence_of_budget(r: dict[str, Any]) -> str:
     return text
 
 
-VERIFY_HEADERS = CHECK_HEADERS
 
 
 def verification_rows(r: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Every small-scale check notebook 03 recorded, as it shows them (:func:`oomlab.remedies.checks.verify_rows`)."""
+    """Every small-scale check notebook 03 recorded, as it shows them
+    (:func:`oomlab.remedies.verification.verify_rows`)."""
     return [row for group in r["plan"]["verification"].values() for row in verify_rows(Verification.from_dict(group))]
 
 

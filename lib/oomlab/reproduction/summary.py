@@ -104,15 +104,15 @@ def seed_rows(comparisons: Iterable[FigureComparison]) -> list[list[str]]:
     return [[c.figure, c.seed, c.reproduced or "-", "yes" if c.matches else "no"] for c in comparisons]
 
 
-def is_seed_case(result: ReproduceResult) -> bool:
-    """Is this the user's case (llama-13b in float16 on a T4)?"""
+def is_seed_result(result: ReproduceResult) -> bool:
+    """Is this the user's case (llama-13b in float16 on a T4: :func:`oomlab.core.seed.is_seed_case`)?"""
     return seed.is_seed_case(result.model, result.dtype, result.gpu)
 
 
 def decoding_target(result: ReproduceResult) -> tuple[str, str] | None:
     """What to decode beside the reproduction: the user's report for the user's case, else the reproduced
     message (``None`` when nothing was raised)."""
-    if is_seed_case(result):
+    if is_seed_result(result):
         return "the user's message", seed_report_text()
     if result.message:
         return "the reproduced message", result.message
