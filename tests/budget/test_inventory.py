@@ -19,16 +19,19 @@ def _setup(strategy: str, checkpointing: bool, method: str = "full", gpus: int =
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("method", ["full", "lora"])
-def test_step_tensors_hold_the_per_layer_terms(checkpointing: bool, method: str) -> None:
-    """The per-layer terms FSDP's phases read are the inventory's, computed once from activations."""
+def test_the_inventory_holds_the_per_layer_terms(checkpointing: bool, method: str) -> None:
+    """The per-layer terms FSDP's phases read are the inventory's, computed once from activations (and only for the
+    FSDP strategies, whose phases alone read them)."""
     s = _setup("fsdp2", checkpointing, method)
-    t = take_inventory(s).tensors
-    assert isinstance(t, StepTensors)
-    assert (t.layer_saved, t.first_layer, t.layer_fixed, t.stream, t.rope) == (
+    inventory = take_inventory(s)
+    t, lt = inventory.tensors, inventory.layers
+    assert isinstance(t, StepTensors) and lt is not None
+    assert (lt.layer_saved, lt.first_layer, lt.layer_fixed, lt.stream, lt.rope) == (
         act.layer_activation_bytes(s), act.first_layer_activation_bytes(s), act.layer_fixed_bytes(s),
         act.checkpoint_layer_bytes(s), act.rope_bytes(s))
-    assert t.per_layer == (t.stream if checkpointing else t.layer_saved)
-    assert t.layer_inputs == 40 * t.stream + t.rope  # llama-13b's 40 layers
+    assert lt.per_layer == (lt.stream if checkpointing else lt.layer_saved)
+    assert lt.layer_inputs == 40 * lt.stream + lt.rope  # llama-13b's 40 layers
+    assert take_inventory(_setup("ddp", checkpointing, method)).layers is None
     assert t.logits_forward == t.logits + t.logits_fp32 + t.log_softmax
     assert t.loss_backward == t.log_softmax + 2 * t.loss_grad
 
@@ -72,7 +75,7 @@ def test_fsdp1_offload_recompute_of_the_bottom_layer_holds_no_negative_gradients
     setup = make_setup(model="falcon-7b", gpu="a100-40gb", gpus=2, strategy="fsdp-offload", method="full",
                        checkpointing=True, seq=2048)
     inventory = take_inventory(setup)
-    t = inventory.tensors
+    lt = inventory.layers
     backward = assemble_phases(setup, inventory)[Phase.BACKWARD]
     assert backward.get(MemCategory.GRADIENTS, 0) == 0
-    assert backward[MemCategory.ACTIVATIONS] == t.per_layer + t.rope + t.first_layer + t.layer_fixed
+    assert backward[MemCategory.ACTIVATIONS] == lt.per_layer + lt.rope + lt.first_layer + lt.layer_fixed

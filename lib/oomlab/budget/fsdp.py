@@ -82,21 +82,24 @@ def fsdp_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[
     """Allocated bytes by category in each phase of an FSDP step (see the module docstring), from the inventory's
     model states and step tensors (every tensor saved for backward at the end of forward but the loss's, and the
     per-layer terms)."""
-    s, t = inventory.states, inventory.tensors
+    s, t, lt = inventory.states, inventory.tensors, inventory.layers
+    if lt is None:
+        raise ValueError(f"the inventory of {setup.strategy.value} carries no layer terms: take_inventory makes them "
+                         "for the FSDP strategies")
     spec, trained = setup.model, setup.method is Method.FULL
-    gradients, grad_bytes, layer_acts, per_layer = s.gradients, s.grad_bytes, t.layer_activations, t.per_layer
+    gradients, grad_bytes, layer_acts, per_layer = s.gradients, s.grad_bytes, t.layer_activations, lt.per_layer
     held = {W: s.weights, M: s.master_weights, S: s.optimizer_state}
     lh = layer_gathered_bytes(setup)
     g_layer = layer_grad_shard_bytes(setup, grad_bytes)
     embed, tail = outer_gathered_bytes(setup)
     tmp = in_layer_backward_bytes(setup, backward_temporaries(setup))  # QLoRA: with its dequantized projection
     if setup.checkpointing:
-        layers = t.layer_inputs
+        layers = lt.layer_inputs
     else:
-        layers = t.first_layer + (spec.num_hidden_layers - 1) * per_layer + t.rope
+        layers = lt.first_layer + (spec.num_hidden_layers - 1) * per_layer + lt.rope
     # a layer's backward ends with the layer's own saved tensors gone (its checkpointed input stays until then)
     top = layers - (per_layer if setup.checkpointing else 2 * per_layer)
-    bottom = per_layer + t.rope  # the bottom layer's input (FSDP1) or the one below it (FSDP2)
+    bottom = per_layer + lt.rope  # the bottom layer's input (FSDP1) or the one below it (FSDP2)
     # the gradients of the outer units (their half parameter bytes: tail and embed are even), as this GPU holds them
     tail_grad, embed_grad = (per_gpu(setup, G, grad_bytes * n // HALF) for n in (tail, embed))
     outer_grads = per_gpu(setup, G, grad_bytes * (spec.embedding_params + spec.lm_head_params))
@@ -112,7 +115,7 @@ def fsdp_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[
         ]
         backward = [{**held, A: layer_acts, LG: t.loss_backward, X: root + lh}]  # the last layer prefetched
         if trained:
-            head_grad = HALF * (spec.lm_head_params or spec.embedding_params) + t.stream
+            head_grad = HALF * (spec.lm_head_params or spec.embedding_params) + lt.stream
             # the top layer's backward ends with the next prefetched: its half grads and their reduce-scatter copy
             backward.append({**held, A: top + per_layer, X: root + 4 * lh + head_grad})
             # the last layer's, every other gradient there (the root's come last)
@@ -122,7 +125,7 @@ def fsdp_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[
             if setup.checkpointing:
                 # the bottom layer's recompute: the layer's saved tensors again beside its own input, almost every
                 # gradient already reduced, the head's half gradient still held
-                backward.append({**held, A: bottom + t.first_layer + t.layer_fixed,
+                backward.append({**held, A: bottom + lt.first_layer + lt.layer_fixed,
                                  G: gradients - 2 * g_layer - outer_grads, X: root + 2 * lh + head_grad + tmp})
             optimizer = {**held, G: gradients, X: s.optimizer_temps}
         else:
@@ -145,8 +148,8 @@ def fsdp_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[
             backward.append({**held, G: gradients, X: lh + embed})
             if setup.checkpointing:
                 # the second layer from the bottom, recomputed: the inputs below it, its saved tensors again
-                backward.append({**held, A: bottom + t.layer_saved + t.layer_fixed,
-                                 G: gradients - 2 * g_layer - embed_grad, X: 3 * lh + t.stream + tmp})
+                backward.append({**held, A: bottom + lt.layer_saved + lt.layer_fixed,
+                                 G: gradients - 2 * g_layer - embed_grad, X: 3 * lh + lt.stream + tmp})
         else:
             backward.append({**held, A: layer_acts - per_layer, G: gradients, X: 2 * lh + tmp})
         optimizer = {**held, G: gradients, X: s.optimizer_temps}
@@ -155,6 +158,6 @@ def fsdp_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[
         # FSDP2, inside the top layer's recomputed backward: every layer's input held, the recomputed inventory and its
         # gradient temporaries (what the recompute saves counts as activations, as traced)
         grads = tail_grad if trained else gradients
-        backward.append({**held, A: t.layer_inputs + t.layer_saved + t.layer_fixed, G: grads, X: buffers + tmp})
+        backward.append({**held, A: lt.layer_inputs + lt.layer_saved + lt.layer_fixed, G: grads, X: buffers + tmp})
     pick = lambda cands: max(cands, key=lambda d: sum(d.values()))  # noqa: E731
     return {Phase.FORWARD: pick(forward), Phase.BACKWARD: pick(backward), Phase.OPTIMIZER: optimizer}

@@ -23,7 +23,7 @@ from oomlab.budget.deepspeed import deepspeed_phases, model_dtype_bytes, zero_st
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.fsdp import fsdp_phases
 from oomlab.budget.result import MemCategory, Phase
-from oomlab.budget.step_parts import Inventory, ModelStates, StepTensors
+from oomlab.budget.step_parts import Inventory, LayerTerms, ModelStates, StepTensors
 from oomlab.core.choices import Method
 from oomlab.core.setup import TrainingSetup
 
@@ -62,30 +62,39 @@ def step_tensors(setup: TrainingSetup) -> StepTensors:
     capped = act.softcap_saved_bytes(setup)  # Gemma-2's saved tanh(logits): logits-sized, held with log_softmax
     loss_saved = act.tokens(setup) * (4 * setup.model.vocab_size + act.INDEX) + capped
     lg = workspace.logits_bytes(setup)
-    layer_saved, layer_fixed = act.layer_activation_bytes(setup), act.layer_fixed_bytes(setup)
-    stream, rope = act.checkpoint_layer_bytes(setup), act.rope_bytes(setup)
-    inputs = setup.model.num_hidden_layers * stream + rope
     recompute_acts = recompute_fixed = 0
     if setup.checkpointing:
         # by then the head, the final norm and the loss have run their backward: only the layers' inputs remain,
         # plus the recomputed (top) layer's whole inventory and its gradient temporaries
-        recompute_acts = inputs + layer_saved
-        recompute_fixed = layer_fixed + workspace.in_layer_backward_bytes(
+        recompute_acts = layer_inputs_bytes(setup) + act.layer_activation_bytes(setup)
+        recompute_fixed = act.layer_fixed_bytes(setup) + workspace.in_layer_backward_bytes(
             setup, workspace.recompute_gradient_bytes(setup))
     return StepTensors(
         layer_activations=saved - loss_saved, autocast_copies=act.autocast_copy_bytes(setup),
         autocast_cache=act.autocast_cache_bytes(setup), logits=lg.logits, logits_fp32=lg.fp32_copy,
         log_softmax=lg.log_softmax + capped, loss_grad=lg.grad, recompute_activations=recompute_acts,
-        recompute_workspace=recompute_fixed, layer_saved=layer_saved,
-        first_layer=act.first_layer_activation_bytes(setup), layer_fixed=layer_fixed, stream=stream, rope=rope,
-        per_layer=stream if setup.checkpointing else layer_saved, layer_inputs=inputs,
+        recompute_workspace=recompute_fixed,
     )
+
+
+def layer_inputs_bytes(setup: TrainingSetup) -> int:
+    """Every layer's input (one hidden-state tensor each) and RoPE's tensors: what checkpointing keeps."""
+    return setup.model.num_hidden_layers * act.checkpoint_layer_bytes(setup) + act.rope_bytes(setup)
+
+
+def layer_terms(setup: TrainingSetup) -> LayerTerms:
+    """One decoder layer's :class:`LayerTerms` (FSDP's phases read them)."""
+    saved, stream = act.layer_activation_bytes(setup), act.checkpoint_layer_bytes(setup)
+    return LayerTerms(layer_saved=saved, first_layer=act.first_layer_activation_bytes(setup),
+                      layer_fixed=act.layer_fixed_bytes(setup), stream=stream, rope=act.rope_bytes(setup),
+                      per_layer=stream if setup.checkpointing else saved, layer_inputs=layer_inputs_bytes(setup))
 
 
 def take_inventory(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = None) -> Inventory:
     """The setup's :class:`Inventory`: its model states (DeepSpeed's layout too) and its step tensors, once."""
     zero = zero_states(setup, deepspeed) if setup.strategy.deepspeed else None
-    return Inventory(model_states(setup, deepspeed), step_tensors(setup), deepspeed, zero)
+    layers = layer_terms(setup) if setup.strategy.fsdp else None
+    return Inventory(model_states(setup, deepspeed), step_tensors(setup), deepspeed, zero, layers)
 
 
 def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, dict[MemCategory, int]]:

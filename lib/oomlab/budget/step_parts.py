@@ -57,8 +57,7 @@ class ZeroStates:
 
 @dataclass(frozen=True)
 class StepTensors:
-    """Per-GPU bytes of one micro-batch: saved activations, logits and loss, autocast's weight copies, and the
-    per-layer terms the sharded phases (FSDP's, inside one layer) are assembled from."""
+    """Per-GPU bytes of one micro-batch: saved activations, logits and loss, autocast's weight copies."""
 
     layer_activations: int  # saved for backward at the end of forward (the loss's own tensors excluded)
     autocast_copies: int  # half weight copies that backward still needs
@@ -69,13 +68,6 @@ class StepTensors:
     loss_grad: int  # one (tokens x vocab) fp32 gradient
     recompute_activations: int  # checkpointing: every layer's input + the recomputed layer's saved tensors
     recompute_workspace: int  # checkpointing: the recomputed layer's fixed bytes and gradient temporaries
-    layer_saved: int  # one decoder layer's saved tensors, not checkpointed (activations.layer_activation_bytes)
-    first_layer: int  # the first layer's (less under LoRA, whose first input needs no gradient)
-    layer_fixed: int  # one layer's saved bytes that do not scale with tokens (activations.layer_fixed_bytes)
-    stream: int  # one hidden-state tensor: a checkpointed layer's input (activations.checkpoint_layer_bytes)
-    rope: int  # RoPE's cos and sin (and a materialised mask), shared by every layer, counted once
-    per_layer: int  # what each layer keeps for backward: ``stream`` when checkpointed, else ``layer_saved``
-    layer_inputs: int  # every layer's input (one ``stream`` each) and ``rope``: what checkpointing keeps
 
     @property
     def logits_forward(self) -> int:
@@ -89,6 +81,19 @@ class StepTensors:
 
 
 @dataclass(frozen=True)
+class LayerTerms:
+    """Per-GPU bytes of one decoder layer's tensors, what FSDP's phases (inside one layer) are assembled from."""
+
+    layer_saved: int  # one decoder layer's saved tensors, not checkpointed (activations.layer_activation_bytes)
+    first_layer: int  # the first layer's (less under LoRA, whose first input needs no gradient)
+    layer_fixed: int  # one layer's saved bytes that do not scale with tokens (activations.layer_fixed_bytes)
+    stream: int  # one hidden-state tensor: a checkpointed layer's input (activations.checkpoint_layer_bytes)
+    rope: int  # RoPE's cos and sin (and a materialised mask), shared by every layer, counted once
+    per_layer: int  # what each layer keeps for backward: ``stream`` when checkpointed, else ``layer_saved``
+    layer_inputs: int  # every layer's input (one ``stream`` each) and ``rope``: what checkpointing keeps
+
+
+@dataclass(frozen=True)
 class Inventory:
     """Everything one setup's step is assembled from."""
 
@@ -96,3 +101,4 @@ class Inventory:
     tensors: StepTensors
     deepspeed: DeepSpeedSettings | None = None  # DeepSpeed's knobs (None: the defaults; only DeepSpeed reads them)
     zero: ZeroStates | None = None  # DeepSpeed's layout of the model states (None: not a DeepSpeed setup)
+    layers: LayerTerms | None = None  # one layer's terms (None: not an FSDP setup, whose phases alone read them)
