@@ -28,30 +28,30 @@ def _committed() -> dict[Path, tuple[int, int]]:
     return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in files}
 
 
+def _run_without_work(name: str, argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """``main(argv)`` of the generator ``name``, asserting it wrote no committed file and cached nothing."""
+    monkeypatch.setenv("OOMLAB_CACHE_DIR", str(tmp_path / "cache"))
+    before = _committed()
+    code = importlib.import_module(f"oomlab.budget.{name}").main(argv)
+    assert _committed() == before
+    assert not (tmp_path / "cache").exists()
+    return code
+
+
 @pytest.mark.parametrize("name", sorted(GENERATORS))
 def test_help_describes_the_run_and_does_none_of_it(name: str, tmp_path, monkeypatch, capsys) -> None:
     """``main(["--help"])`` prints the usage and what it regenerates, returns 0, writes no file and caches nothing."""
-    monkeypatch.setenv("OOMLAB_CACHE_DIR", str(tmp_path / "cache"))
-    module = importlib.import_module(f"oomlab.budget.{name}")
-    before = _committed()
-    assert module.main(["--help"]) == 0
+    assert _run_without_work(name, ["--help"], tmp_path, monkeypatch) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert out.startswith(f"usage: python -m oomlab.budget.{name}")
     assert GENERATORS[name] in out and ("minute" in out or "second" in out)
-    assert _committed() == before
-    assert not (tmp_path / "cache").exists()
 
 
 @pytest.mark.parametrize("name", sorted(GENERATORS))
 def test_unknown_argument_is_refused_by_name(name: str, tmp_path, monkeypatch, capsys) -> None:
     """An argument the generator does not take returns 2 and is named on stderr, before any work."""
-    monkeypatch.setenv("OOMLAB_CACHE_DIR", str(tmp_path / "cache"))
-    module = importlib.import_module(f"oomlab.budget.{name}")
-    before = _committed()
-    assert module.main(["--no-such-flag"]) == 2
+    assert _run_without_work(name, ["--no-such-flag"], tmp_path, monkeypatch) == 2
     assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
-    assert _committed() == before
-    assert not (tmp_path / "cache").exists()
 
 
 def test_deepspeed_measured_offers_no_cache(capsys) -> None:
