@@ -174,7 +174,7 @@ def build_model(setup: TrainingSetup, device: str, dtypes: StepDTypes | None = N
     """The setup's model on ``device`` ("meta" for traces, "cpu" for real tiny runs), in training mode.
 
     Checkpointing and attention are set on the transformers model; LoRA is applied with peft. QLoRA is built
-    by :mod:`oomlab.measure` (it needs real weights to quantize). ``dtypes``: other than the setup's own
+    by :mod:`oomlab.budget.measured` (it needs real weights to quantize). ``dtypes``: other than the setup's own
     (:func:`step_dtypes`) -- the one-layer inventory builds each regime's dtypes directly.
     """
     import torch

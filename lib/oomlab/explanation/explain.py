@@ -77,7 +77,7 @@ def explain(
 ) -> Explanation:
     """Decode the out-of-memory message in ``text`` and say what it supports.
 
-    Raises :class:`NotAnOomMessageError` (an :class:`~oomlab.errors.OomlabError`) when ``text`` holds none, or
+    Raises :class:`NotAnOomMessageError` (an :class:`~oomlab.core.errors.OomlabError`) when ``text`` holds none, or
     only a bare ``CUDA out of memory.`` without figures, and ``UnknownNameError`` for an unknown model, GPU or
     dtype, and ``InvalidValueError`` for a ``gpus`` that is not a whole number ≥ 1 — all checked before any work.
     ``gpus`` (GPUs per node, which no message states) only fills in the next step's command.

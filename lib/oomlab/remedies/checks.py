@@ -5,7 +5,7 @@ A tiny LLaMA-family model (:func:`oomlab.budget.step.tiny_setup`) trains for rea
 * FSDP2 ``fully_shard`` over 4 gloo processes (spawned here, no torchrun): each rank's parameter, gradient and
   optimizer-state bytes, measured on its local shards, beside DDP's full replica in the same processes and the
   budget's ``weights_on_gpu`` / ``gradients_on_gpu`` / ``optimizer_on_gpu``; the two fp32 runs' losses step by step;
-* peft LoRA: the trainable parameter count against :func:`oomlab.states.lora_parameters`;
+* peft LoRA: the trainable parameter count against :func:`oomlab.budget.states.lora_parameters`;
 * activation checkpointing: the measured drop of the step's peak (CPU allocator,
   :func:`oomlab.budget.measured.measure_steps`)
   against the budget's;
