@@ -68,8 +68,9 @@ def test_missing_table_says_file_not_found(tmp_path) -> None:
 
 def test_a_gpu_no_table_lists_falls_back_to_the_seeds_machine_read_from_the_shipped_table() -> None:
     """With no instance of the GPU in the table, host_ram auto is the seed's 4 x T4 machine, its figure and name read
-    from specs/prices.json (not a typed-in 192 GiB), and said to be that fallback."""
+    from specs/prices.json (not a typed-in 192 GiB), and said to be oomlab's fallback."""
     seed = load_prices().host_for("t4", 4)
     found = assumed_host_ram("h100", 8, PriceTable((), "an empty table"))
     assert found.assumed and found.host_ram_bytes == seed.host_ram_bytes
     assert "no h100 instance is listed" in found.source and seed.label in found.source
+    assert "seed" not in found.source  # said to a user of another case, who never read the seed report

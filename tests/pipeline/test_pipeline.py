@@ -132,7 +132,8 @@ def test_params_help_has_one_line_per_parameter() -> None:
         ("device", ["device", "str", "auto", "where to reproduce the failure; one of auto, simulated, cuda"]),
         ("host_ram", ["host_ram", "str", "auto",
                       "host RAM per node, with its unit; auto: assumed, the listed instance with these GPUs (in "
-                      "specs/prices.json), else the seed's aws g4dn.12xlarge (4 x t4, 192.00 GiB)"]),  # from the table
+                      "specs/prices.json), else oomlab's fallback machine, an aws g4dn.12xlarge (4 x t4, "
+                      "192.00 GiB)"]),  # from the table
     ],
 )
 def test_params_help_line_shows_type_default_and_choices(name: str, columns: list[str]) -> None:

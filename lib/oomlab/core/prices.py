@@ -207,13 +207,14 @@ def assumed_host_ram(gpu: str, gpus: int, table: PriceTable | None = None) -> Ho
 
 
 def seed_machine_text(sentence: bool = True) -> str:
-    """The fallback host in words, read from the shipped table: as a sentence ("the seed's aws g4dn.12xlarge (4 x t4)
-    has 192.00 GiB, in specs/prices.json") or as a name for help texts ("the seed's aws g4dn.12xlarge (4 x t4,
-    192.00 GiB)")."""
+    """The fallback host in words, read from the shipped table: as a sentence ("oomlab's fallback machine, an aws
+    g4dn.12xlarge (4 x t4), has 192.00 GiB, in specs/prices.json") or as a name for help texts ("oomlab's fallback
+    machine, an aws g4dn.12xlarge (4 x t4, 192.00 GiB)"). Said without "the seed": a user of another case never
+    read the seed report."""
     seed = seed_instance()
-    machine = f"the seed's {seed.label} ({seed.gpus_per_instance} x {SEED_GPU}"
+    machine = f"oomlab's fallback machine, an {seed.label} ({seed.gpus_per_instance} x {SEED_GPU}"
     size = format_size(seed.host_ram_bytes)
-    return f"{machine}) has {size}, in specs/prices.json" if sentence else f"{machine}, {size})"
+    return f"{machine}), has {size}, in specs/prices.json" if sentence else f"{machine}, {size})"
 
 
 @cache
