@@ -15,6 +15,7 @@ from oomlab.core import paths
 from oomlab.core.errors import NotAnOomMessageError
 from oomlab.core.seed import seed_report_text
 from oomlab.core.units import MiB, format_size
+from oomlab.explanation.anomalies import AnomalyCode
 from oomlab.explanation.display import render_explanation
 from oomlab.explanation.explain import explain
 from oomlab.explanation.phase import PhaseCode
@@ -160,7 +161,7 @@ def test_real_message_explained(case: dict) -> None:
     """Each verbatim message: expected anomalies, hint verdict, versions, phase, this process and verdict phrases."""
     result = explain(case["text"], gpu=case.get("gpu"))
     expected = case["expected"]
-    codes = [a.code for a in result.anomalies]
+    codes = [a.code.value for a in result.anomalies]
     for code in expected.get("anomalies", []):
         assert code in codes
     for code in expected.get("absent_anomalies", []):
@@ -201,7 +202,7 @@ def test_outside_split_in_new_format() -> None:
 def test_request_above_total_and_overflow() -> None:
     """A 16 EiB request: larger than the GPU, and flagged as an overflowing size computation."""
     result = explain(next(c["text"] for c in FIXTURES if "33143" in c["source"]))
-    text = next(a.text for a in result.anomalies if a.code == "request_above_total")
+    text = next(a.text for a in result.anomalies if a.code is AnomalyCode.REQUEST_ABOVE_TOTAL)
     assert "overflowing or negative size" in text
 
 
@@ -215,7 +216,7 @@ def test_unreadable_request_is_named_not_cut_off() -> None:
     assert ("The 'Tried to allocate' figure reads 'banana MiB', which is unreadable: not a size as torch prints it "
             "(a number with two decimals and bytes, KiB, MiB or GiB)") in result.verdict
     assert "cut off" not in result.verdict
-    assert [a.code for a in result.anomalies] == ["unreadable"]
+    assert [a.code for a in result.anomalies] == [AnomalyCode.UNREADABLE]
 
 
 def test_unreadable_figure_leaves_the_others_read() -> None:
@@ -291,7 +292,7 @@ def test_cpu_request_is_exact(text: str, nbytes: int) -> None:
 
 def test_gpu_given_for_another_backend_is_flagged() -> None:
     """--gpu t4 with an MPS message: a backend_mismatch anomaly, and no NVIDIA capacity comparison."""
-    codes = [a.code for a in explain(_fixture("ComfyUI/issues/7372"), gpu="t4").anomalies]
+    codes = [a.code.value for a in explain(_fixture("ComfyUI/issues/7372"), gpu="t4").anomalies]
     assert "backend_mismatch" in codes and "gpu_mismatch" not in codes
 
 
@@ -501,3 +502,11 @@ def test_fuzz_never_raises_anything_else(text: str | bytes) -> None:
         return
     json.dumps(result.to_dict())
     render_explanation(result)
+
+
+def test_anomaly_codes_are_members_and_the_json_writes_their_values() -> None:
+    """An anomaly's code is an AnomalyCode member (the verdict filters members, not spellings); the JSON keeps the
+    stable string."""
+    result = explain(_fixture("ComfyUI/issues/7372"), gpu="t4")
+    assert result.anomalies and all(isinstance(a.code, AnomalyCode) for a in result.anomalies)
+    assert [a["code"] for a in result.to_dict()["anomalies"]] == [a.code.value for a in result.anomalies]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oomlab.core.choices import Choice
 from oomlab.core.gpus import GPUSpec
 from oomlab.core.size_ranges import format_interval
 from oomlab.core.units import GiB, MiB, format_size
@@ -22,14 +23,44 @@ HOST_REQUEST_FLAG_BYTES = 1024 * GiB  # NB: a single host allocation of 1 TiB or
 
 _EXACT_LIMIT = 2**50  # beyond this, torch's double-based format_size cannot be inverted exactly
 
-TOLD_IN_VERDICT = ("truncated", "unreadable", "multiple_messages", "scanned_tail")  # the verdict words these itself
+
+class AnomalyCode(Choice):
+    """What an anomaly is about: short and stable (the JSON writes the value)."""
+
+    ALLOCATED_ABOVE_TOTAL = "allocated_above_total"
+    ALLOWED_CAP = "allowed_cap"
+    AMBIGUOUS_PROCESSES = "ambiguous_processes"
+    BACKEND_MISMATCH = "backend_mismatch"
+    DEVICE_NOT_ZERO = "device_not_zero"
+    FREE_ABOVE_REQUEST = "free_above_request"
+    GPU_MISMATCH = "gpu_mismatch"
+    HIP_BACKEND = "hip_backend"
+    MULTIPLE_MESSAGES = "multiple_messages"
+    NEGATIVE_OUTSIDE = "negative_outside"
+    NOT_TORCH_FORMAT = "not_torch_format"
+    OTHER_PROCESSES = "other_processes"
+    OUTSIDE_LARGE = "outside_large"
+    PRIVATE_POOLS = "private_pools"
+    REQUEST_ABOVE_TOTAL = "request_above_total"
+    REQUEST_HUGE = "request_huge"
+    RESERVED_ABOVE_TOTAL = "reserved_above_total"
+    SCANNED_TAIL = "scanned_tail"
+    TRIED_NOT_A_SEGMENT = "tried_not_a_segment"
+    TRUNCATED = "truncated"
+    UNREADABLE = "unreadable"
+    WATERMARK_DISABLED = "watermark_disabled"
+    XPU_BACKEND = "xpu_backend"
+
+
+TOLD_IN_VERDICT = (AnomalyCode.TRUNCATED, AnomalyCode.UNREADABLE, AnomalyCode.MULTIPLE_MESSAGES,
+                   AnomalyCode.SCANNED_TAIL)  # the verdict words these itself
 
 
 @dataclass(frozen=True)
 class Anomaly:
     """Something in the figures an expert would remark on."""
 
-    code: str  # short, stable: "allocated_above_total"
+    code: AnomalyCode
     text: str  # one or two plain sentences
 
 
@@ -38,10 +69,10 @@ def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPUSpe
     """The remarks on ``msg``: every backend's (cut, unreadable, retyped, repeated), then its own backend's."""
     out: list[Anomaly] = []
     if msg.missing:
-        out.append(Anomaly("truncated", "The message is cut off or edited: it lacks "
+        out.append(Anomaly(AnomalyCode.TRUNCATED, "The message is cut off or edited: it lacks "
                            + ", ".join(msg.missing) + "; what follows uses only the figures present."))
     if msg.unreadable:
-        out.append(Anomaly("unreadable", "Unreadable figures (not a size as torch prints it): "
+        out.append(Anomaly(AnomalyCode.UNREADABLE, "Unreadable figures (not a size as torch prints it): "
                            + "; ".join(f"{u.name} reads {u.text!r}" for u in msg.unreadable) + "."))
     if msg.backend is Backend.MPS:
         out += _mps_anomalies(msg)
@@ -50,16 +81,17 @@ def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPUSpe
     else:
         out += _device_anomalies(msg, outside, gpu, account)
     if gpu is not None and msg.backend not in (None, Backend.CUDA):
-        out.append(Anomaly("backend_mismatch",
+        out.append(Anomaly(AnomalyCode.BACKEND_MISMATCH,
                            f"--gpu {gpu.name} names an NVIDIA GPU, but {msg.backend.article} {msg.backend.value} "
                            "allocator wrote this "
                            "message: its figures are not that GPU's."))
     if msg.occurrences > 1:
-        out.append(Anomaly("multiple_messages",
+        out.append(Anomaly(AnomalyCode.MULTIPLE_MESSAGES,
                            f"The input holds {msg.occurrences} OOM messages; the most complete (the last on ties) "
                            "is decoded."))
     if msg.scanned_tail:
-        out.append(Anomaly("scanned_tail", "The input is very long; only its last 4,000,000 characters were read."))
+        out.append(Anomaly(AnomalyCode.SCANNED_TAIL,
+                           "The input is very long; only its last 4,000,000 characters were read."))
     return out
 
 
@@ -71,12 +103,12 @@ def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPU
     t, total, alloc = msg.tried, msg.total, msg.allocated
     reserved = msg.reserved_low_high
     if total is not None and alloc is not None and alloc.low_bytes > total.high_bytes:
-        out.append(Anomaly("allocated_above_total",
+        out.append(Anomaly(AnomalyCode.ALLOCATED_ABOVE_TOTAL,
                            f"{alloc.text} allocated exceeds the {total.text} total capacity: the driver is spilling "
                            "into system memory (Windows WDDM 'shared GPU memory', or unified memory), which is slow; "
                            "the capacity figure is the GPU's own memory."))
     elif total is not None and reserved is not None and reserved[0] > total.high_bytes:
-        out.append(Anomaly("reserved_above_total",
+        out.append(Anomaly(AnomalyCode.RESERVED_ABOVE_TOTAL,
                            f"reserved memory ({format_interval(reserved)}) exceeds the {total.text} total capacity: "
                            "the driver is spilling into system memory (WDDM shared memory, or unified memory)."))
     if t is not None and total is not None and t.low_bytes > total.high_bytes:
@@ -85,14 +117,14 @@ def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPU
                 "into chunks.")
         if t.low_bytes >= 2**50:
             text += " A request this absurd usually comes from an overflowing or negative size computation."
-        out.append(Anomaly("request_above_total", text))
+        out.append(Anomaly(AnomalyCode.REQUEST_ABOVE_TOTAL, text))
     if t is not None and not is_segment_interval(t):
-        out.append(Anomaly("tried_not_a_segment",
+        out.append(Anomaly(AnomalyCode.TRIED_NOT_A_SEGMENT,
                            f"{t.text} is no size the caching allocator asks {terms.malloc} for (2 MiB, 20 MiB or a "
                            "multiple of 2 MiB from 10 MiB): torch before 1.5 printed the request itself, or the "
                            "message was edited."))
     if msg.device_index not in (None, 0):
-        out.append(Anomaly("device_not_zero",
+        out.append(Anomaly(AnomalyCode.DEVICE_NOT_ZERO,
                            f"The failure is on GPU {msg.device_index}, not GPU 0: in a multi-GPU job, check which "
                            "rank or device this is (the index is relative to "
                            f"{'HIP_VISIBLE_DEVICES' if msg.backend is Backend.HIP else 'CUDA_VISIBLE_DEVICES'})."))
@@ -102,14 +134,14 @@ def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPU
                 "whatever the GPU has free.")
         if reserved is not None and t is not None and reserved[0] + t.low_bytes > msg.allowed.high_bytes:
             text += " Reserved memory plus the request exceeds the cap: the cap, not the GPU, refused it."
-        out.append(Anomaly("allowed_cap", text))
+        out.append(Anomaly(AnomalyCode.ALLOWED_CAP, text))
     if msg.free is not None and t is not None and msg.free.low_bytes >= t.high_bytes + FREE_MARGIN_BYTES:
-        out.append(Anomaly("free_above_request",
+        out.append(Anomaly(AnomalyCode.FREE_ABOVE_REQUEST,
                            f"{msg.free.text} was free, at least the {t.text} asked: the device was not full when the "
                            "message was written — an allowed cap, memory released by another process in between, "
                            "or a driver reservation refused the request."))
     if outside is not None and outside[1] < 0:
-        out.append(Anomaly("negative_outside",
+        out.append(Anomaly(AnomalyCode.NEGATIVE_OUTSIDE,
                            "total − free − reserved is negative: the figures are inconsistent (memory spilled to "
                            "system memory, or the message was edited)."))
     elif outside is not None and outside[0] > OUTSIDE_FLAG_BYTES:
@@ -118,28 +150,30 @@ def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPU
         text += (" Usually that is another process on the GPU, or in a multi-GPU job every rank initialising "
                  f"{'HIP' if msg.backend is Backend.HIP else 'CUDA'} (or putting tensors) on GPU 0 before calling "
                  "torch.cuda.set_device(local_rank).")
-        out.append(Anomaly("outside_large", text))
+        out.append(Anomaly(AnomalyCode.OUTSIDE_LARGE, text))
     if account is not None:
         out += _process_anomalies(account, terms.process_lister)
     if msg.private_pools is not None and msg.private_pools.high_bytes > 0:
-        out.append(Anomaly("private_pools",
+        out.append(Anomaly(AnomalyCode.PRIVATE_POOLS,
                            f"{msg.private_pools.text} is allocated in private pools ({terms.graphs} / torch.compile "
                            "'reduce-overhead'): memory the ordinary cache cannot reuse."))
     if msg.backend is Backend.HIP:
-        out.append(Anomaly("hip_backend", "A ROCm (HIP) build: the same caching-allocator rules and figures apply, "
+        out.append(Anomaly(AnomalyCode.HIP_BACKEND,
+                           "A ROCm (HIP) build: the same caching-allocator rules and figures apply, "
                            "with hipMalloc and the HIP runtime in place of cudaMalloc and CUDA."))
     if msg.backend is Backend.XPU:
-        out.append(Anomaly("xpu_backend", "An Intel XPU build: its caching allocator keeps CUDA's block and segment "
+        out.append(Anomaly(AnomalyCode.XPU_BACKEND,
+                           "An Intel XPU build: its caching allocator keeps CUDA's block and segment "
                            "sizes, so the request range and fragmentation read the same."))
     odd = [s.text for s in (t, total, msg.free, alloc, msg.reserved, msg.reserved_unallocated, msg.in_use)
            if s is not None and not s.canonical and s.value_bytes < _EXACT_LIMIT]
     if odd:
-        out.append(Anomaly("not_torch_format",
+        out.append(Anomaly(AnomalyCode.NOT_TORCH_FORMAT,
                            f"{', '.join(odd)} is not how torch prints sizes (two decimals, KiB/MiB/GiB): the message "
                            "was retyped or edited, so its intervals are wider."))
     if (gpu is not None and total is not None and msg.backend in (None, Backend.CUDA)
             and not total.low_bytes <= gpu.total_memory_bytes <= total.high_bytes):
-        out.append(Anomaly("gpu_mismatch",
+        out.append(Anomaly(AnomalyCode.GPU_MISMATCH,
                            f"A {gpu.display_name} reports {format_size(gpu.total_memory_bytes)}, not the message's "
                            f"{total.text}: the message comes from another GPU, or this one under another "
                            "driver, ECC setting or MIG slice."))
@@ -150,11 +184,12 @@ def _process_anomalies(account: ProcessAccount, lister: str) -> list[Anomaly]:
     out: list[Anomaly] = []
     if account.others:
         listed = ", ".join(f"process {p.pid}: {p.memory.text}" for p in account.others)
-        out.append(Anomaly("other_processes", f"Other processes hold memory on this GPU ({listed}), as {lister} "
+        out.append(Anomaly(AnomalyCode.OTHER_PROCESSES,
+                           f"Other processes hold memory on this GPU ({listed}), as {lister} "
                            "lists them: memory this process cannot have."))
     if account.candidates:
         pids = ", ".join(f"{p.pid} ({p.memory.text})" for p in account.candidates)
-        out.append(Anomaly("ambiguous_processes",
+        out.append(Anomaly(AnomalyCode.AMBIGUOUS_PROCESSES,
                            f"{account.listed} processes are listed and none is called 'this process' (a container "
                            f"shows host PIDs): this one is one of {pids}, each holding at least its reserved memory, "
                            "so its memory in use, its memory outside PyTorch and the other processes' share are "
@@ -169,10 +204,11 @@ def _mps_anomalies(msg: OomMessage) -> list[Anomaly]:
              if s is not None]
     odd = [s.text for s in sizes if not s.canonical]
     if odd:
-        out.append(Anomaly("not_torch_format", f"{', '.join(odd)} is not how the MPS allocator prints sizes (two "
+        out.append(Anomaly(AnomalyCode.NOT_TORCH_FORMAT,
+                           f"{', '.join(odd)} is not how the MPS allocator prints sizes (two "
                            "decimals): the message was retyped or edited, so its intervals are wider."))
     if mps is not None and mps.max_allowed is None and not msg.missing:
-        out.append(Anomaly("watermark_disabled",
+        out.append(Anomaly(AnomalyCode.WATERMARK_DISABLED,
                            "No 'max allowed' figure: the high-watermark limit is off (PYTORCH_MPS_HIGH_WATERMARK_RATIO"
                            "=0.0), so Metal itself refused the heap — unified memory was exhausted, and macOS was "
                            "likely swapping."))
@@ -182,7 +218,7 @@ def _mps_anomalies(msg: OomMessage) -> list[Anomaly]:
 def _cpu_anomalies(msg: OomMessage) -> list[Anomaly]:
     out: list[Anomaly] = []
     if msg.tried is not None and msg.tried.low_bytes >= HOST_REQUEST_FLAG_BYTES:
-        out.append(Anomaly("request_huge",
+        out.append(Anomaly(AnomalyCode.REQUEST_HUGE,
                            f"A single host allocation of {format_size(msg.tried.value_bytes)}: no host has that; a "
                            "shape is far larger than intended (a size computed from the wrong dimension, or an "
                            "overflow)."))

@@ -46,7 +46,7 @@ def render_explanation(e: Explanation) -> str:
     if e.torch_versions:
         rows.append(("torch", ", ".join(e.torch_versions)))
     if e.anomalies:
-        rows.append(("anomalies", ", ".join(a.code for a in e.anomalies)))
+        rows.append(("anomalies", ", ".join(a.code.value for a in e.anomalies)))
     width = max(len(label) for label, _ in rows)
     table = "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
     return f"{table}\n\n{e.verdict}\n"

@@ -90,7 +90,7 @@ class Findings:
         data["outside_pytorch_interval"] = list(self.outside) if self.outside else None
         data["non_pytorch_this_process_interval"] = list(acc.non_pytorch) if acc.non_pytorch else None
         data["other_processes_interval"] = list(acc.other_processes) if acc.other_processes else None
-        data["anomalies"] = [{"code": a.code, "text": a.text} for a in self.anomalies]
+        data["anomalies"] = [{"code": a.code.value, "text": a.text} for a in self.anomalies]
         data["model"], data["gpu"], data["dtype"], data["gpus"] = self.model, self.gpu, self.dtype, self.gpus
         data["gpu_matches"] = list(self.gpu_matches)
         data["candidates"] = [

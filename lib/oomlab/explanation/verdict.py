@@ -13,7 +13,7 @@ from oomlab.core.choices import MessageFormat
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.size_ranges import format_interval
 from oomlab.core.units import format_size
-from oomlab.explanation.anomalies import FREE_MARGIN_BYTES, OUTSIDE_FLAG_BYTES, TOLD_IN_VERDICT
+from oomlab.explanation.anomalies import FREE_MARGIN_BYTES, OUTSIDE_FLAG_BYTES, TOLD_IN_VERDICT, AnomalyCode
 from oomlab.explanation.backend import Backend, backend_terms
 from oomlab.explanation.findings import Findings
 from oomlab.explanation.message import OomMessage
@@ -37,7 +37,7 @@ _ACCEPTED = {
     Backend.MPS: "a number with two decimals and bytes, KB, MB or GB (KiB, MiB, GiB in newer releases)",
 }
 _ACCEPTED_DEVICE = "a number with two decimals and bytes, KiB, MiB or GiB"
-_TOLD_HERE = (*TOLD_IN_VERDICT, "hip_backend", "xpu_backend", "watermark_disabled")
+_TOLD_HERE = (*TOLD_IN_VERDICT, AnomalyCode.HIP_BACKEND, AnomalyCode.XPU_BACKEND, AnomalyCode.WATERMARK_DISABLED)
 
 
 def compose_verdict(e: Findings, gpu_spec: GPUSpec | None) -> str:
