@@ -48,6 +48,14 @@ class InstancePrice:
     def label(self) -> str:
         return f"{self.provider} {self.instance}"
 
+    def host_text(self, gpu: str) -> str:
+        """The instance as the host-RAM sentences name it: ``aws g4dn.12xlarge (4 x t4)``."""
+        return f"{self.label} ({self.gpus_per_instance} x {gpu})"
+
+    @property
+    def host_size(self) -> str:
+        return format_size(self.host_ram_bytes or 0)
+
     def to_dict(self) -> dict[str, Any]:
         """The instance as a price table lists it (:meth:`from_dict` reads it back)."""
         return {"provider": self.provider, "instance": self.instance, "gpu": self.gpu,
@@ -193,14 +201,12 @@ def assumed_host_ram(gpu: str, gpus: int, table: PriceTable | None = None) -> Ho
     where = "specs/prices.json" if table is _shipped() else table.source
     found = table.host_for(gpu, gpus)
     if found is not None and found.host_ram_bytes:
-        return HostRam(found.host_ram_bytes, f"{found.label} ({found.gpus_per_instance} x {gpu}) has "
-                                             f"{format_size(found.host_ram_bytes)}, in {where}", True)
+        return HostRam(found.host_ram_bytes, f"{found.host_text(gpu)} has {found.host_size}, in {where}", True)
     bigger = [i for i in table.for_gpu(gpu) if i.gpus_per_instance > gpus and i.host_ram_bytes]
     if bigger:
         i = min(bigger, key=lambda i: (i.gpus_per_instance, i.usd_per_hour, i.label))
-        return HostRam(int(i.host_ram_bytes or 0), f"no {gpus} x {gpu} instance is listed; the smallest with more, "
-                                                   f"{i.label} ({i.gpus_per_instance} x {gpu}), has "
-                                                   f"{format_size(i.host_ram_bytes or 0)}, in {where}", True)
+        return HostRam(i.host_ram_bytes or 0, f"no {gpus} x {gpu} instance is listed; the smallest with more, "
+                                              f"{i.host_text(gpu)}, has {i.host_size}, in {where}", True)
     seed = seed_instance()
     return HostRam(seed.host_ram_bytes, f"no {gpu} instance is listed in the price table; {seed_machine_text()}",
                    True)
@@ -212,9 +218,9 @@ def seed_machine_text(sentence: bool = True) -> str:
     machine, an aws g4dn.12xlarge (4 x t4, 192.00 GiB)"). Said without "the seed": a user of another case never
     read the seed report."""
     seed = seed_instance()
-    machine = f"oomlab's fallback machine, an {seed.label} ({seed.gpus_per_instance} x {SEED_GPU}"
-    size = format_size(seed.host_ram_bytes)
-    return f"{machine}), has {size}, in specs/prices.json" if sentence else f"{machine}, {size})"
+    if sentence:
+        return f"oomlab's fallback machine, an {seed.host_text(SEED_GPU)}, has {seed.host_size}, in specs/prices.json"
+    return f"oomlab's fallback machine, an {seed.label} ({seed.gpus_per_instance} x {SEED_GPU}, {seed.host_size})"
 
 
 @cache

@@ -108,16 +108,12 @@ class CheckResult:
                 "host_ram_bytes": self.host_ram_bytes, "host_ram": self.host_ram.text}
 
 
-def _half(setup: TrainingSetup) -> str:
-    return "float32" if setup.precision is Precision.FP32 else setup.precision.compute_dtype
-
-
 def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> LoadCheck:
     """Does loading fit each GPU on ``path``? The ``.to()`` paths run oomlab's ``Module._apply`` walk."""
     cap = setup.gpu.total_memory_bytes
     how = ROWS[path].how
     if path in (LoadPath.TRAINER_TO, LoadPath.ACCELERATE_TO, LoadPath.DEEPSPEED_TO):
-        dtype = _half(setup) if path is LoadPath.DEEPSPEED_TO else load_dtype_name
+        dtype = setup.precision.compute_dtype if path is LoadPath.DEEPSPEED_TO else load_dtype_name
         r = reproduce(model=setup.model.name, dtype=dtype, gpu=setup.gpu.name, device="simulated")
         need = r.model_reserved_bytes + r.outside_pytorch_bytes
         if r.raised:
@@ -130,7 +126,8 @@ def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> Lo
         return LoadCheck(path, need, cap, not r.raised, detail)
     outside = case_outside(setup.model.name, setup.gpu, 1).total_bytes
     if path is LoadPath.ZERO_INIT:
-        part = ceil_div(setup.model.num_parameters, setup.world_size) * load_dtype(_half(setup)).itemsize
+        half = load_dtype(setup.precision.compute_dtype).itemsize
+        part = ceil_div(setup.model.num_parameters, setup.world_size) * half
         need = part + outside
         return LoadCheck(path, need, cap, need <= cap,
                          f"{how}: a 1/{setup.world_size} partition, {format_size(part)} per GPU")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oomlab.core.choices import Precision, Route
+from oomlab.core.choices import Route
 from oomlab.core.markdown import markdown_table
 from oomlab.core.seed import is_seed_case
 from oomlab.core.setup import TrainingSetup
@@ -24,7 +24,7 @@ def replica_dtype(launch: UserLaunch) -> str:
     s = launch.setup
     path = load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)
     if path is LoadPath.DEEPSPEED_TO:
-        return "float32" if s.precision is Precision.FP32 else s.precision.compute_dtype
+        return s.precision.compute_dtype
     return launch.load_dtype
 
 
