@@ -1,14 +1,58 @@
-"""A GitHub Markdown table, written once for every stage that writes one (the report's HTML tables are
-:func:`oomlab.report.tables.html_table`)."""
+"""User text in Markdown, and a GitHub Markdown table, written once for every stage that writes Markdown (the
+report's HTML tables are :func:`oomlab.report.tables.html_table`).
+
+Text a user supplied (a path, a command, a config key or value) goes into Markdown only through :func:`md_text`
+(inline text: every ASCII punctuation character backslash-escaped, so ``[x](javascript:…)``, ``<img …>``, ``*``,
+backticks and a backslash before a backtick all read as the characters they are), :func:`md_code` (a code span whose
+fence is longer than any run of backticks inside) or :func:`md_code_block` (a fenced block, likewise).  CommonMark
+(and so GitHub and nbconvert's mistune) renders each as exactly the user's characters.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Sequence
+
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")  # CommonMark: any ASCII punctuation may be backslash-escaped
+_BACKTICKS = re.compile(r"`+")
+_LINE_BREAK = re.compile(r"[\r\n\u2028\u2029]+")
+
+
+def md_text(value: object) -> str:
+    """``value`` as literal inline Markdown: punctuation backslash-escaped, line breaks as spaces."""
+    return _PUNCTUATION.sub(r"\\\1", _LINE_BREAK.sub(" ", str(value)))
+
+
+def _fence(text: str, least: int) -> str:
+    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+    return "`" * max(least, longest + 1)
+
+
+def md_code(value: object) -> str:
+    """``value`` as one inline code span (line breaks as spaces), fenced so that no backtick inside can close it."""
+    text = _LINE_BREAK.sub(" ", str(value))
+    fence = _fence(text, 1)
+    pad = " " if text.startswith(("`", " ")) or text.endswith(("`", " ")) or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def md_code_block(text: str, language: str = "") -> str:
+    """``text`` as a fenced code block, fenced longer than any run of backticks it holds."""
+    fence = _fence(text, 3)
+    return f"{fence}{language}\n{text.rstrip(chr(10))}\n{fence}"
 
 
 def markdown_cell(text: object) -> str:
-    """``text`` safe inside a table cell: ``|`` escaped, line breaks as spaces."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """``text`` safe inside a table cell: ``|`` escaped, line breaks as spaces (oomlab's own Markdown; a user's
+    text is passed through :func:`md_text` or :func:`md_code` first)."""
+    return _LINE_BREAK.sub(" ", _PIPE_OR_ESCAPE.sub(_escape_pipe, str(text)))
+
+
+_PIPE_OR_ESCAPE = re.compile(r"\\.|\|")  # an escape pair is kept as it is (md_text's "\\|"), a bare pipe escaped
+
+
+def _escape_pipe(match: re.Match[str]) -> str:
+    return "\\|" if match.group(0) == "|" else match.group(0)
 
 
 def _line(cells: Iterable[object]) -> str:

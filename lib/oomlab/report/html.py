@@ -3,7 +3,10 @@
 nbconvert's ``HTMLExporter`` with the ``oomlab`` template (``templates/oomlab/``, JupyterLab's template
 without the blocks that load require.js, MathJax, mermaid or the widget manager from a CDN).  Images
 stay embedded as base64, the lab CSS is inlined by nbconvert, and :func:`render_report` refuses to write
-HTML that a browser would fetch anything for (:func:`network_references`).
+HTML that a browser would fetch anything for (:func:`network_references`).  Every Markdown cell and every HTML or
+Markdown output is cleaned by :func:`oomlab.report.sanitize.clean_html` (nbconvert's ``sanitize_html`` with oomlab's
+allow-list in place of its own filter), and :func:`render_report` refuses a page with live markup
+(:func:`oomlab.report.sanitize.live_markup`): no text a user supplied can become a script, a handler or a link.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from oomlab.core.errors import ReportError
 from oomlab.core.files import write_text_atomic
 from oomlab.core.paths import TEMPLATES_DIR
+from oomlab.report.sanitize import clean_html, live_markup
 
 TEMPLATE_NAME = "oomlab"
 TOC_LEVELS = ("h1", "h2", "h3")
@@ -159,7 +163,9 @@ def render_html(executed_notebook: str | os.PathLike[str], title: str | None = N
         exclude_input_prompt=True,
         exclude_output_prompt=True,
         theme="light",
+        sanitize_html=True,  # the lab template then passes every cell and HTML/Markdown output through clean_html
     )
+    exporter.register_filter("clean_html", clean_html)  # oomlab's allow-list instead of nbconvert's bleach one
     resources = {"metadata": {"name": title, "path": str(path.parent)}}
     html, _ = exporter.from_notebook_node(nb, resources=resources)
     return add_toc(html)
@@ -170,6 +176,12 @@ def render_report(
 ) -> Path:
     """Render ``executed_notebook`` to ``html_path`` (atomically); the title defaults to its first H1."""
     html = render_html(executed_notebook, title)
+    live = live_markup(html)
+    if live:
+        raise ReportError(
+            f"the report of {Path(executed_notebook).name} would carry {len(live)} piece(s) of live markup"
+            f" ({'; '.join(live[:5])}); {html_path} was left as it was"
+        )
     found = network_references(html)
     if found:
         shown = "; ".join(sorted(set(found))[:5])
