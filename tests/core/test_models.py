@@ -312,17 +312,18 @@ LLAMA_7B = dict(load_model("llama-7b").config)
     ("raw", "message"),
     [
         ({**LLAMA_7B, "hidden_size": "abc"}, r": field 'hidden_size' is \"abc\" \(a string\); accepted: a positive "
-                                             r"integer$"),
+                                             r"integer up to 131,072$"),
         ({**LLAMA_7B, "hidden_size": "4096"}, r"field 'hidden_size' is \"4096\" \(a string\)"),  # a number as text
         ({**LLAMA_7B, "hidden_size": 0}, r"field 'hidden_size' is 0 \(an integer below 1\); accepted: a positive "
-                                         r"integer$"),
+                                         r"integer up to 131,072$"),
         ({**LLAMA_7B, "hidden_size": -4096}, r"field 'hidden_size' is -4096 \(an integer below 1\)"),
         ({**LLAMA_7B, "hidden_size": 4096.5}, r"field 'hidden_size' is 4096.5 \(a fractional number\)"),
         ({**LLAMA_7B, "num_hidden_layers": True}, r"field 'num_hidden_layers' is true \(a boolean\)"),
-        ({**LLAMA_7B, "hidden_size": None}, r"field 'hidden_size' is null \(null\); accepted: a positive integer$"),
+        ({**LLAMA_7B, "hidden_size": None}, r"field 'hidden_size' is null \(null\); accepted: a positive integer up to "
+                                            r"131,072$"),
         ({**LLAMA_7B, "intermediate_size": 0},
-         r"field 'intermediate_size' is 0 .*accepted: a positive integer \(or null, to let the config class derive "
-         r"it\)"),
+         r"field 'intermediate_size' is 0 .*accepted: a positive integer up to 524,288 \(or null, to let the config "
+         r"class derive it\)"),
         ({**LLAMA_7B, "vocab_size": -1}, r"field 'vocab_size' is -1"),
         ({**LLAMA_7B, "num_key_value_heads": 3},
          r"num_key_value_heads 3 does not divide num_attention_heads 32; accepted: a divisor of 32 \(1, 2, 4, 8, 16, "

@@ -6,12 +6,14 @@ Shipped as ``specs/gpus/*.json`` and loaded into a frozen :class:`GPUSpec`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
 
-from oomlab.core.errors import UnknownNameError
+from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.paths import GPU_SPECS_DIR
+from oomlab.core.user_input import shown
 
 
 @dataclass(frozen=True)
@@ -49,14 +51,26 @@ def known_gpus() -> list[str]:
     return sorted(p.stem for p in GPU_SPECS_DIR.glob("*.json"))
 
 
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.+-]{0,63}")  # what a spec's file stem can be: no path separator, no ".."
+
+
 @cache
 def load_gpu(name: str) -> GPUSpec:
-    """Load a shipped GPU spec by name (``t4``, ``a100-80gb`` ...)."""
+    """Load a shipped GPU spec by name (``t4``, ``a100-80gb`` ...).
+
+    A GPU is a shipped spec's name only, never a path: ``/any/path.json`` or ``../models/llama-13b`` is refused
+    naming the known GPUs and where a new spec goes (:data:`GPU_SPECS_DIR`).
+    """
     key = str(name).strip().lower()
-    path = GPU_SPECS_DIR / f"{key}.json"
-    if not path.is_file():
-        raise UnknownNameError("GPU", name, known_gpus())
-    raw = json.loads(path.read_text())
+    known = known_gpus()
+    if key not in known:
+        if _NAME.fullmatch(key) and ".." not in key:
+            raise UnknownNameError("GPU", name, known)
+        raise InvalidValueError(
+            f"GPU {shown(name)} is not a GPU name: a GPU is named by one of oomlab's specs, never by a path; known: "
+            f"{', '.join(known)} (to add a GPU, write its spec as lib/oomlab/specs/gpus/<name>.json with the "
+            "fields of t4.json, and pass <name>)")
+    raw = json.loads((GPU_SPECS_DIR / f"{key}.json").read_text())
     return GPUSpec(
         name=raw["name"],
         display_name=raw["display_name"],

@@ -39,6 +39,7 @@ from oomlab.core.layouts import (  # noqa: F401  (ALL_LINEAR, PROJECTIONS: re-ex
 )
 from oomlab.core.paths import MODEL_SPECS_DIR
 from oomlab.core.quiet import quiet_libraries
+from oomlab.core.user_input import SHOWN_CHARS, load_user_json, read_user_text, shown
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,21 @@ _POSITIVE_INTS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_
                   "num_kv_heads", "ffn_hidden_size", "num_local_experts", "num_experts", "num_experts_per_tok",
                   "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step",
                   "sliding_window")
+# The largest value each count may take: far above every released model (LLaMA-3.1-405B: h 16,384, 126 layers,
+# 128 heads, i 53,248; DeepSeek-V3: 256 experts; Gemma: V 256,000; Llama-4-Scout: 10M positions), low enough that
+# a typo (num_hidden_layers 1000000, hidden_size 2**70) is refused before the per-layer work it would cost
+_LIMITS = {
+    "hidden_size": 2**17, "n_embed": 2**17, "head_dim": 2**17,
+    "intermediate_size": 2**19, "ffn_hidden_size": 2**19, "moe_intermediate_size": 2**19,
+    "shared_expert_intermediate_size": 2**19,
+    "num_hidden_layers": 1024, "n_layer": 1024, "decoder_sparse_step": 1024,
+    "num_attention_heads": 2**12, "n_head": 2**12, "num_key_value_heads": 2**12, "num_kv_heads": 2**12,
+    "vocab_size": 2**23,
+    "max_position_embeddings": 2**24, "sliding_window": 2**24,
+    "num_local_experts": 1024, "num_experts": 1024, "num_experts_per_tok": 1024,
+}
+# shares of the head dimension (phi, stablelm: partial_rotary_factor; gpt_neox: rotary_pct)
+_FRACTIONS = ("partial_rotary_factor", "rotary_pct")
 _NULLABLE = frozenset({"intermediate_size", "num_key_value_heads", "head_dim", "num_kv_heads", "ffn_hidden_size",
                        "sliding_window", "max_position_embeddings", "shared_expert_intermediate_size",
                        "moe_intermediate_size"})
@@ -252,33 +268,44 @@ def check_supported(raw: Mapping[str, Any], source: str) -> Family:
     instead = f"pass a shipped model ({', '.join(known_models()[:4])}, ...) or the config.json of a supported one"
     model_type = raw.get("model_type")
     if not model_type:
-        raise InvalidValueError(f"model config {source!r} lacks the field 'model_type' (it names the transformers "
+        raise InvalidValueError(f"model config {shown(source)} lacks the field 'model_type' (it names the transformers "
                                 f"config class); {supported}")
-    architectures = ", ".join(raw.get("architectures") or ()) or "no architectures listed"
-    found = f"model config {source!r} is model_type {model_type!r} ({architectures})"
+    architectures = _listed(raw.get("architectures")) or "no architectures listed"
+    found = f"model config {shown(source)} is model_type {shown(model_type)} ({architectures})"
     try:
         return Family(model_type)
     except ValueError:
         pass
     text = raw.get("text_config")
     if model_type not in CONFIG_MAPPING_NAMES:
-        what = f"custom code ({'auto_map: ' + ', '.join(raw['auto_map'].values())}, which needs trust_remote_code)" \
-            if isinstance(raw.get("auto_map"), dict) else "unknown to transformers " + _transformers_version()
+        what = f"custom code (auto_map: {_listed(raw['auto_map'])}, which needs trust_remote_code)" \
+            if raw.get("auto_map") else "unknown to transformers " + _transformers_version()
         raise InvalidValueError(f"{found}: {what}; oomlab builds models with transformers' own classes only. "
                                 f"{supported}; {instead}")
     if raw.get("is_encoder_decoder") or model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
         raise InvalidValueError(f"{found}: an encoder-decoder model. {supported}; {instead}")
     if isinstance(text, dict) or "vision_config" in raw or model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
         hint = ""
-        if isinstance(text, dict) and text.get("model_type") in FAMILY_NAMES:
+        if isinstance(text, dict) and isinstance(text.get("model_type"), str) and text["model_type"] in FAMILY_NAMES:
             hint = f" (its language model is {text['model_type']!r}: save text_config as a config.json to budget it)"
         raise InvalidValueError(f"{found}: a vision-language model{hint}; its vision tower is not budgeted. "
                                 f"{supported}; {instead}")
-    archs = raw.get("architectures") or ()
+    archs = raw.get("architectures") if isinstance(raw.get("architectures"), list) else ()
     causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
         not archs or any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs))
     kind = "a decoder-only family oomlab does not model yet" if causal else "not a decoder-only causal LM"
     raise InvalidValueError(f"{found}: {kind}. {supported}; {instead}")
+
+
+def _listed(value: Any) -> str:
+    """The names a config.json lists (``architectures``, ``auto_map``'s values), whatever JSON they are: strings
+    joined, anything else shown as JSON, clipped."""
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    items = value if isinstance(value, list) else [] if value is None else [value]
+    text = ", ".join(item if isinstance(item, str) else json.dumps(item, default=repr) for item in items[:8])
+    text += ", ..." if len(items) > 8 else ""
+    return text if len(text) <= SHOWN_CHARS else shown(text)
 
 
 def _transformers_version() -> str:
@@ -297,7 +324,7 @@ def config_object(model_type: str, raw: Mapping[str, Any]) -> Any:
         if legacy in fields:
             value = fields.pop(legacy)
             if fields.setdefault(key, value) != value:
-                raise InvalidValueError(f"config.json gives {legacy}={value!r} and {key}={fields[key]!r}")
+                raise InvalidValueError(f"config.json gives {legacy}={shown(value)} and {key}={shown(fields[key])}")
     with quiet_libraries():
         return AutoConfig.for_model(model_type, **fields)
 
@@ -306,30 +333,48 @@ def check_fields(raw: Any, source: str) -> None:
     """Refuse a ``config.json`` that is not an object of fields, or whose geometry fields are not positive integers
     (``"abc"``, ``0``, ``-4096``, ``4096.5``, ``true``): the field, the value and what is accepted."""
     if not isinstance(raw, Mapping):
-        raise InvalidValueError(f"model config {source!r} must be a JSON object of config fields "
+        raise InvalidValueError(f"model config {shown(source)} must be a JSON object of config fields "
                                 f"({{\"model_type\": \"llama\", \"hidden_size\": 4096, ...}}); got a "
                                 f"{_json_kind(raw)}")
     model_type = raw.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
-        raise InvalidValueError(f"model config {source!r}: field 'model_type' is "
-                                f"{json.dumps(model_type, default=repr)}; accepted: a "
+        raise InvalidValueError(f"model config {shown(source)}: field 'model_type' is "
+                                f"{_json_text(model_type)}; accepted: a "
                                 f"transformers model type string, one of {', '.join(FAMILY_NAMES)}")
     for key in _POSITIVE_INTS:
         if key not in raw or (raw[key] is None and key in _NULLABLE):
             continue
         value = raw[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _LIMITS[key]:
             also = " (or null, to let the config class derive it)" if key in _NULLABLE else ""
-            raise InvalidValueError(f"model config {source!r}: field {key!r} is {json.dumps(value, default=repr)} "
-                                    f"({_json_kind(value)}); "
-                                    f"accepted: a positive integer{also}")
+            raise InvalidValueError(f"model config {shown(source)}: field {key!r} is {_json_text(value)} "
+                                    f"({_json_kind(value, _LIMITS[key])}); "
+                                    f"accepted: a positive integer up to {_LIMITS[key]:,}{also}")
+    _check_fractions(raw, source)
 
 
-def _json_kind(value: Any) -> str:
+def _check_fractions(raw: Mapping[str, Any], source: str) -> None:
+    """The share of each head's dimensions that rotary embeddings rotate: a number in (0, 1]."""
+    for key in _FRACTIONS:
+        value = raw.get(key)
+        if key in raw and (isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1):
+            raise InvalidValueError(f"model config {shown(source)}: field {key!r} is {_json_text(value)}; accepted: "
+                                    "a fraction of the head dimension, above 0 and at most 1 (e.g. 0.25)")
+
+
+def _json_text(value: Any) -> str:
+    """``value`` as the config.json wrote it, clipped."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= SHOWN_CHARS else shown(value)
+
+
+def _json_kind(value: Any, limit: int | None = None) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int):
-        return "an integer below 1" if value < 1 else "an integer"
+        if value < 1:
+            return "an integer below 1"
+        return "an integer" if limit is None or value <= limit else "beyond any model"
     return {str: "a string", float: "a fractional number", list: "list", type(None): "null",
             dict: "object"}.get(type(value), type(value).__name__)
 
@@ -338,13 +383,19 @@ def _check_geometry(spec: ModelSpec, source: str) -> None:
     """What transformers would build wrong or fail on later: heads that do not divide the width or each other."""
     heads, kv = spec.num_attention_heads, spec.num_key_value_heads
     if heads % kv:
-        raise InvalidValueError(f"model config {source!r}: num_key_value_heads {kv} does not divide "
+        raise InvalidValueError(f"model config {shown(source)}: num_key_value_heads {kv} does not divide "
                                 f"num_attention_heads {heads}; accepted: a divisor of {heads} "
                                 f"({', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)})")
     if "head_dim" not in spec.config and spec.family is not Family.FALCON and spec.hidden_size % heads:
-        raise InvalidValueError(f"model config {source!r}: hidden_size {spec.hidden_size} is not a multiple of "
+        raise InvalidValueError(f"model config {shown(source)}: hidden_size {spec.hidden_size} is not a multiple of "
                                 f"num_attention_heads {heads}; accepted: a head count that divides it, or an "
                                 "explicit head_dim")
+    cfg = spec.resolved
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    top_k = getattr(cfg, "num_experts_per_tok", None)
+    if experts and top_k and top_k > experts:
+        raise InvalidValueError(f"model config {shown(source)}: num_experts_per_tok {top_k} exceeds the {experts} "
+                                f"experts; accepted: 1 to {experts} experts per token")
 
 
 def _model_from_dict(name: str, raw: dict[str, Any], source: str) -> ModelSpec:
@@ -352,7 +403,7 @@ def _model_from_dict(name: str, raw: dict[str, Any], source: str) -> ModelSpec:
     family = check_supported(raw, source)
     for key in _REQUIRED:
         if key not in raw and not any(alias in raw for alias in _aliases(family, key)):
-            raise InvalidValueError(f"model config {source!r} lacks the field {key!r} (required: "
+            raise InvalidValueError(f"model config {shown(source)} lacks the field {key!r} (required: "
                                     f"{', '.join(_REQUIRED)}; accepted: a positive integer)")
     from huggingface_hub.errors import StrictDataclassError  # transformers 5's config validation
 
@@ -360,8 +411,9 @@ def _model_from_dict(name: str, raw: dict[str, Any], source: str) -> ModelSpec:
         cfg = config_object(family.value, raw)
     except (TypeError, ValueError, StrictDataclassError) as err:
         detail = " ".join(str(err).split())
-        raise InvalidValueError(f"model config {source!r} is refused by transformers' {family.value} config class: "
-                                f"{detail}") from err
+        detail = detail if len(detail) <= 4 * SHOWN_CHARS else detail[:4 * SHOWN_CHARS] + "…"
+        raise InvalidValueError(f"model config {shown(source)} is refused by transformers' {family.value} config "
+                                f"class: {detail}") from err
     intermediate = getattr(cfg, "intermediate_size", None) or cfg.ffn_hidden_size  # Falcon: ffn_hidden_size
     spec = ModelSpec(
         name=name, model_type=family.value, hidden_size=int(cfg.hidden_size), intermediate_size=int(intermediate),
@@ -391,26 +443,42 @@ def model_from_config(config: dict[str, Any], name: str) -> ModelSpec:
 
 @cache
 def load_model(name_or_path: str) -> ModelSpec:
-    """Load a shipped model spec by name (``llama-13b``) or a local ``config.json`` path."""
+    """Load a shipped model spec by name (``llama-13b``) or a local ``config.json`` path (read within
+    :mod:`oomlab.core.user_input`'s bounds: a regular file of at most a few MiB, UTF-8, finite numbers)."""
     key = str(name_or_path).strip()
     looks_like_path = "/" in key or "\\" in key or key.lower().endswith(".json")
     shipped = MODEL_SPECS_DIR / f"{key.lower()}.json"
-    if not looks_like_path and shipped.is_file():
+    if not looks_like_path and key.lower() in known_models():
         return _model_from_dict(key.lower(), json.loads(shipped.read_text()), str(shipped))
     path = Path(key).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if path.suffix == ".json" and path.is_file():
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise InvalidValueError(f"model config {str(path)!r} is not valid JSON: {err}") from err
-        return _model_from_dict(str(path), raw, str(path))
-    if looks_like_path:  # meant as a path, not a shipped name
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        if path.suffix == ".json" and (path.exists() or path.is_symlink()):
+            return _model_from_dict(str(path), _read_config(path), str(path))
         folder = Path(key).expanduser()
-        what = ("no config.json in the folder" if folder.is_dir() else "not a .json file" if folder.is_file()
+        what = ("no config.json in the folder" if folder.is_dir() else "not a .json file" if folder.exists()
                 else "file not found")
-        raise InvalidValueError(f"{what}: {key} (accepted: a shipped model name -- {', '.join(known_models()[:3])}, "
+    except OSError as err:  # a name too long for the file system, say
+        raise InvalidValueError(f"model {shown(key)} is no shipped model and no readable path: "
+                                f"{err.strerror or err}; known: {', '.join(known_models())}") from err
+    if looks_like_path:  # meant as a path, not a shipped name
+        raise InvalidValueError(f"{what}: {key if len(key) <= SHOWN_CHARS else shown(key)} "
+                                f"(accepted: a shipped model name -- {', '.join(known_models()[:3])}, "
                                 "... -- or the path to an existing config.json or its folder; Hub ids are not "
                                 "downloaded: save the model's config.json and pass its path)")
+    if len(key) > SHOWN_CHARS:
+        raise InvalidValueError(f"unknown model {shown(key)}; known: {', '.join(known_models())} "
+                                "(or give a path to a config.json)")
     raise UnknownNameError("model", name_or_path, known_models(), "or give a path to a config.json")
+
+
+def _read_config(path: Path) -> Any:
+    """A user's ``config.json``: bounded read (:func:`read_user_text`), JSON without NaN, infinities or huge
+    integers (:func:`load_user_json`); malformed JSON named with its line and column."""
+    what = f"model config {shown(str(path))}"
+    text = read_user_text(path, "model config")
+    try:
+        return load_user_json(text, what)
+    except json.JSONDecodeError as err:
+        raise InvalidValueError(f"{what} is not valid JSON: line {err.lineno} column {err.colno}: {err.msg}") from err
