@@ -7,6 +7,8 @@ import shutil
 from typing import Any
 
 import pytest
+from bs4 import BeautifulSoup
+from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
 from oomlab.budget import agreement
 from oomlab.budget.display import budget_variants, seed_variants
@@ -20,6 +22,7 @@ from oomlab.remedies.launch_dir import launch_command, write_configs
 from oomlab.remedies.plan import make_plan
 from oomlab.report import story
 from oomlab.report.results import budget_results, load_results, plan_results, reproduce_results, write_results
+from oomlab.report.sanitize import live_markup
 from oomlab.reproduction.outside import seed_outside_bytes
 from oomlab.reproduction.replay import reproduce
 
@@ -103,7 +106,10 @@ def test_user_text_is_escaped(out_dir) -> None:
     r = load_results(out_dir)
     text = story.title(r) + story.answer(r) + story.reproduction(r) + story.message(r) + story.decoded(r)
     text += "".join(story.assumptions(r)) + story.recommended_fix(r) + story.deciding_configuration(r)
-    assert EVIL not in text and "&lt;img src=x onerror=alert(1)&gt;" in text
+    assert EVIL not in text
+    html = markdown2html_mistune(story.title(r))
+    assert EVIL in BeautifulSoup(html, "html.parser").get_text()  # shown as the user's characters
+    assert live_markup(markdown2html_mistune(text)) == []
 
 
 def test_answer_for_another_case_mentions_nothing_of_the_seed(out_dir) -> None:
@@ -154,7 +160,7 @@ def test_model_name_reads_name_or_path(tmp_path) -> None:
 def test_title_names_a_custom_model(out_dir) -> None:
     """The case's model is a long temporary path; the title shows its folder's name."""
     r = load_results(out_dir)
-    assert story.title(r) == "## Can &lt;img src=x onerror=alert(1)&gt; train on 1 × NVIDIA A10G?"
+    assert story.title(r) == "## Can \\<img src=x onerror=alert(1)\\> train on 1 × NVIDIA A10G?"
     assert str(out_dir) not in story.title(r) + story.answer(r) + story.reproduction(r)
 
 

@@ -3,8 +3,10 @@ issue (verdict, the launch path the traceback proves, the per-GPU table, the fix
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from oomlab.core.choices import plain
-from oomlab.core.markdown import markdown_cell, markdown_table
+from oomlab.core.markdown import markdown_table, md_code_block, md_text
 from oomlab.core.units import format_size
 from oomlab.launch.check import CheckResult, FailsAt
 from oomlab.launch.paths import ROWS
@@ -14,12 +16,12 @@ from oomlab.launch.user import setup_rows
 MAX_UNMODELLED_SHOWN = 8
 
 
-def verdict(result: CheckResult) -> str:
-    """The answer in one sentence."""
+def verdict(result: CheckResult, text: Callable[[str], str] = str) -> str:
+    """The answer in one sentence (``text`` writes the user's model name: :func:`md_text` for Markdown)."""
     s = result.launch.setup
     cap = format_size(s.gpu.total_memory_bytes)
-    where = f"{s.model.name} as launched ({launch_name(s)}, micro-batch {s.batch}, {s.seq} tokens) on {s.gpus} × " \
-            f"{s.gpu.display_name}"
+    where = (f"{text(s.model.name)} as launched ({launch_name(s)}, micro-batch {s.batch}, {s.seq} tokens) on "
+             f"{s.gpus} × {s.gpu.display_name}")
     if result.fails_at is FailsAt.LOAD:
         return (f"{where} fails while loading, before the first step: {ROWS[result.load.path].short} needs "
                 f"{format_size(result.load.per_gpu_bytes or 0)} per GPU of {cap}.")
@@ -83,7 +85,7 @@ def render_check(result: CheckResult) -> str:
 
 def render_markdown(result: CheckResult) -> str:
     """A short GitHub reply: verdict, launch path, per-GPU table, fix with its launch command, assumptions."""
-    out = [f"**Verdict.** {verdict(result)}", "", f"**Launch path.** {traceback_sentence(result)}", "",
+    out = [f"**Verdict.** {verdict(result, md_text)}", "", f"**Launch path.** {traceback_sentence(result)}", "",
            markdown_table(("per GPU", ""), [(label.strip(), value) for label, value in per_gpu_rows(result)],
                           right=(1,))]
     fix = result.smallest_fix
@@ -93,8 +95,8 @@ def render_markdown(result: CheckResult) -> str:
     elif fix is None:
         out.append("**Fix.** No change of one or two knobs fits; `python -m oomlab plan` ranks every remedy.")
     else:
-        out.append("**Fix.** " + "; ".join(fix.how) + f" — {format_size(fix.per_gpu_peak_bytes)} per GPU at the "
-                   "step's peak, and it loads.")
-        out += ["", "```", fix.launch, "```"]
-    out += ["", "**Assumptions.**"] + [f"- {markdown_cell(a)}" for a in _assumptions(result)]
+        out.append("**Fix.** " + "; ".join(md_text(h) for h in fix.how)
+                   + f" — {format_size(fix.per_gpu_peak_bytes)} per GPU at the step's peak, and it loads.")
+        out += ["", md_code_block(fix.launch)]
+    out += ["", "**Assumptions.**"] + [f"- {md_text(a)}" for a in _assumptions(result)]
     return "\n".join(out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oomlab.core.choices import Route
-from oomlab.core.markdown import markdown_table
+from oomlab.core.markdown import markdown_table, md_code, md_text
 from oomlab.core.seed import is_seed_case
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
@@ -46,15 +46,15 @@ def case_intro(launch: UserLaunch, dtype: str) -> str:
     s = launch.setup
     name = launch_name(s)
     path = ROWS[load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)]
-    lines = [f"**The case.** {s.model.name} on {s.gpus * s.nodes} × {s.gpu.display_name} "
+    lines = [f"**The case.** {md_text(s.model.name)} on {s.gpus * s.nodes} × {s.gpu.display_name} "
              f"({format_size(s.gpu.total_memory_bytes)} each), launched as {name}, micro-batch {s.batch} × "
              f"{s.seq} tokens; the weights reach each GPU through {path.short}, in {dtype}."]
     if is_seed_launch(launch, dtype):
         lines.append("The user's report shows this run dying before training, inside `torch.nn.Module._apply` → "
                      "`convert` → `t.to(device)`.")
     if launch.files or launch.command is not None:
-        lines.append(f"Read from {', '.join(f'`{f}`' for f in launch.files)}"
-                     + (f" and the command `{launch.command.text}`" if launch.command else "")
+        lines.append(f"Read from {', '.join(md_code(f) for f in launch.files)}"
+                     + (f" and the command {md_code(launch.command.text)}" if launch.command else "")
                      + f"; {len(launch.assumptions)} field(s) assumed, {len(launch.unmodelled)} key(s) not modelled.")
     else:
         lines.append("No launch files were given (`launch_dir`): every field below is an assumption, the pipeline's "
@@ -88,7 +88,7 @@ def traceback_proves(launch: UserLaunch, traceback: str, whose: str = "a launche
     names = "; ".join(r.short for r in allowed)
     others = ", ".join(r.short for r in ROWS.values() if r not in allowed)
     origin = launch.fields["strategy"].origin
-    said = "assumed" if origin.kind is OriginKind.ASSUMED else f"read from {origin}"
+    said = "assumed" if origin.kind is OriginKind.ASSUMED else f"read from {md_text(origin)}"
     if hypothetical:
         fit = "is one of them" if mine in allowed else "is not one of them: it cannot fail there"
         return (f"{traceback} would prove that {whose} moved a full replica to each GPU with `Module.to()`: one of "

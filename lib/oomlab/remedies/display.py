@@ -9,6 +9,7 @@ from typing import Any
 from oomlab.budget.result import Fit
 from oomlab.core.choices import Method, Strategy
 from oomlab.core.gpus import load_gpu
+from oomlab.core.markdown import md_text
 from oomlab.core.seed import SEED_DTYPE, is_seed_case
 from oomlab.core.units import format_signed_size, format_size
 from oomlab.core.words import count
@@ -79,8 +80,8 @@ def heading(plan: Plan) -> str:
            f"{seed.method.value} fine-tuning, {seed.precision.value}, {seed.optimizer.value}")
     state = Fit.of(seed.fits).value + (" (notebook 01 reproduced why)" if seed.fails_at_load and not seed.fits
                                        else "")
-    return (f"**Which configuration trains {plan.model} on {plan.nodes * plan.gpus} × {gpu}?** {who.capitalize()} "
-            f"({run}) {state}.")
+    return (f"**Which configuration trains {md_text(plan.model)} on {plan.nodes * plan.gpus} × {gpu}?** "
+            f"{who.capitalize()} ({run}) {state}.")
 
 
 def verdict(plan: Plan) -> str:

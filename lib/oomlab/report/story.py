@@ -1,7 +1,10 @@
 """The final report's story, told from the results JSON the earlier notebooks wrote (nothing recomputed).
 
 Every function takes the loaded results (:func:`load_results`) and returns Markdown, table rows or a figure.
-Text that comes from the user (model paths, messages, names) is HTML-escaped before it reaches Markdown.
+Text that comes from the user (model paths, messages, names) reaches Markdown only through
+:func:`oomlab.core.markdown.md_text` / :func:`~oomlab.core.markdown.md_code` (Markdown written by the earlier stages
+escapes its own user text the same way), and HTML only through :func:`esc`; the report template then cleans every
+cell (:mod:`oomlab.report.sanitize`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from oomlab.budget.display import configured_sentence, training_words
 from oomlab.budget.result import MemCategory, outside_figure, outside_note
 from oomlab.core.choices import Method, Strategy
 from oomlab.core.gpus import load_gpu
+from oomlab.core.markdown import md_code, md_text
 from oomlab.core.seed import is_seed_case
 from oomlab.core.units import format_signed_size, format_size
 from oomlab.core.words import agree, count
@@ -34,7 +38,7 @@ from oomlab.reproduction.result import FigureComparison
 
 
 def esc(value: Any) -> str:
-    """Escape user-supplied text for Markdown that becomes HTML."""
+    """Escape text for HTML (a ``<pre>`` block, an HTML element inside Markdown)."""
     return html.escape(str(value), quote=True)
 
 
@@ -66,7 +70,7 @@ def model_name(model: str) -> str:
 
 def title(r: dict[str, Any]) -> str:
     case = r["budget"]["case"]
-    return f"## Can {esc(model_name(case['model']))} train on {case['gpus']} × {esc(_gpu_name(r))}?"
+    return f"## Can {md_text(model_name(case['model']))} train on {case['gpus']} × {md_text(_gpu_name(r))}?"
 
 
 def seed_table_rows(r: dict[str, Any]) -> list[list[str]]:
@@ -83,52 +87,50 @@ def answer(r: dict[str, Any]) -> str:
     """The answer in one paragraph: as configured, and otherwise."""
     rep, bud, plan = r["reproduce"]["reproduce"], r["budget"], r["plan"]
     case = bud["case"]
-    gpu = esc(_gpu_name(r))
+    gpu = md_text(_gpu_name(r))
     configured = bud["configured"]
     parts = []
     path = ROWS[path_of(Strategy(configured["strategy"]), Method(configured["method"]),
                         trainer=(r["reproduce"].get("launch") or {}).get("trainer", True))]
     if rep["raised"] and not path.full_replica:
         parts.append(
-            f"**Loading as configured avoids the failing move:** a full {esc(rep['dtype'])} replica of "
-            f"{esc(model_name(rep['model']))} would not fit one {gpu} (`model.to('cuda')` raises "
-            f"`{esc(rep['exception'])}` after {rep['moved_fraction']:.0%} of the parameters: the weights alone need "
+            f"**Loading as configured avoids the failing move:** a full {md_text(rep['dtype'])} replica of "
+            f"{md_text(model_name(rep['model']))} would not fit one {gpu} (`model.to('cuda')` raises "
+            f"{md_code(rep['exception'])} after {rep['moved_fraction']:.0%} of the parameters: the weights alone need "
             f"{format_size(rep['model_reserved_bytes'])} of {format_size(rep['total_bytes'])}), but the configured "
-            f"launch ({esc(configured['strategy'])}: {esc(path.short)}) does not move one."
+            f"launch ({md_text(configured['strategy'])}: {md_text(path.short)}) does not move one."
         )
     elif rep["raised"]:
         parts.append(
-            f"**As configured, no.** Moving a full {esc(rep['dtype'])} replica of {esc(model_name(rep['model']))} to "
-            f"one {gpu} already fails: `model.to('cuda')` raises `{esc(rep['exception'])}` after "
+            f"**As configured, no.** Moving a full {md_text(rep['dtype'])} replica of "
+            f"{md_text(model_name(rep['model']))} to one {gpu} already fails: `model.to('cuda')` raises "
+            f"{md_code(rep['exception'])} after "
             f"{rep['moved_fraction']:.0%} of the parameters, because the weights alone need "
             f"{format_size(rep['model_reserved_bytes'])} and a GPU offers {format_size(rep['total_bytes'])}."
         )
     else:
         parts.append(
-            f"**Loading works:** a {esc(rep['dtype'])} replica of {esc(model_name(rep['model']))} "
+            f"**Loading works:** a {md_text(rep['dtype'])} replica of {md_text(model_name(rep['model']))} "
             f"({format_size(rep['model_reserved_bytes'])}) fits one {gpu} of {format_size(rep['total_bytes'])}."
         )
-    training = training_words(esc(configured["strategy"]), esc(configured["method"]), esc(configured["precision"]),
-                              esc(configured["optimizer"]), configured["batch"], configured["seq"])
+    training = training_words(md_text(configured["strategy"]), md_text(configured["method"]),
+                              md_text(configured["precision"]), md_text(configured["optimizer"]), configured["batch"],
+                              configured["seq"])
     parts.append(configured_sentence(training, configured["per_gpu_peak_bytes"], configured["headroom_bytes"],
                                      configured["fits"], case["gpus"]))
     rec = plan.get("recommended")
     if rec:
         rank = plan.get("recommended_rank", 1)
         parts.append(otherwise_sentence(Remedy.from_dict(rec), rank, plan["recommendation_note"] if rank != 1 else "",
-                                        esc))
+                                        md_text))
     elif plan.get("outcome") == Outcome.HOST_RAM.value or not configured["fits"]:
-        parts.append(esc_markdown(plan.get("verdict_markdown")
-                                  or "**No configuration oomlab knows fits these GPUs** (see the remedies below)."))
+        # NB: the plan's own Markdown (remedies.display.verdict), its user text escaped where it was written
+        parts.append(plan.get("verdict_markdown")
+                     or "**No configuration oomlab knows fits these GPUs** (see the remedies below).")
     if plan.get("host_ram_assumed"):
         parts.append(f"Host RAM is an assumption: {format_size(plan['host_ram_bytes'])} per node "
-                     f"({esc(plan['host_ram_source'])}); set `host_ram` to your machine's.")
+                     f"({md_text(plan['host_ram_source'])}); set `host_ram` to your machine's.")
     return " ".join(parts)
-
-
-def esc_markdown(text: str) -> str:
-    """Markdown written by oomlab (bold, code spans) with HTML escaped outside its code spans."""
-    return _escape_outside_code(text)
 
 
 def deciding_configuration(r: dict[str, Any]) -> str:
@@ -138,7 +140,7 @@ def deciding_configuration(r: dict[str, Any]) -> str:
     pairs = [k for k in knobs if len(k.changes) == 2 and k.fits]
 
     def name(k: KnobChange) -> str:
-        return esc(knob_change_text(k))
+        return md_text(knob_change_text(k))
 
     if r["budget"]["configured"]["fits"]:
         return "The configuration as given fits; the table shows how each knob moves the per-GPU peak."
@@ -207,8 +209,8 @@ def seed_rows(r: dict[str, Any]) -> list[list[str]]:
 def reproduction(r: dict[str, Any]) -> str:
     rep = r["reproduce"]["reproduce"]
     if not rep["raised"]:
-        return (f"`model.to('cuda')` of {esc(model_name(rep['model']))} in {esc(rep['dtype'])} on one "
-                f"{esc(rep['gpu'])} succeeded on the {esc(rep['device'])} device: "
+        return (f"`model.to('cuda')` of {md_text(model_name(rep['model']))} in {md_text(rep['dtype'])} on one "
+                f"{md_text(rep['gpu'])} succeeded on the {md_text(rep['device'])} device: "
                 f"{format_size(rep['allocated_bytes'])} allocated, {format_size(rep['free_bytes'])} left.")
     ft = rep["failing_tensor"] or {}
     match = ""
@@ -221,9 +223,9 @@ def reproduction(r: dict[str, Any]) -> str:
                  f"user's; of those, {counts['input']} {'is an input' if counts['input'] == 1 else 'are inputs'}, "
                  f"{counts['fitted']} {agree(counts['fitted'], 'is')} fitted and {counts['predicted']} "
                  f"{agree(counts['predicted'], 'is')} predicted (below).")
-    return (f"PyTorch's own `Module._apply` raised `{esc(rep['exception'])}` on the {esc(rep['device'])} device "
-            f"while copying `{esc(ft.get('name', '?'))}` ({'×'.join(map(str, ft.get('shape', [])))}, "
-            f"{esc(ft.get('dtype', '?'))}).{match}")
+    return (f"PyTorch's own `Module._apply` raised {md_code(rep['exception'])} on the {md_text(rep['device'])} "
+            f"device while copying {md_code(ft.get('name', '?'))} ({'×'.join(map(str, ft.get('shape', [])))}, "
+            f"{md_text(ft.get('dtype', '?'))}).{match}")
 
 
 def honesty(r: dict[str, Any]) -> str:
@@ -245,7 +247,8 @@ def decoded(r: dict[str, Any]) -> str:
     if not explained:
         return "No out-of-memory message to decode: moving the model to the GPU succeeded."
     label = r["reproduce"].get("explain_label") or "the message"
-    return f"Decoding {esc(label)}:\n\n" + "\n\n".join(esc(p) for p in explained["verdict"].split("\n\n"))
+    # NB: the verdict is plain text (the terminal's): every character of it is shown as it is
+    return f"Decoding {md_text(label)}:\n\n" + "\n\n".join(md_text(p) for p in explained["verdict"].split("\n\n"))
 
 
 def plot_variants(r: dict[str, Any]) -> Any:
@@ -259,7 +262,7 @@ def evidence_of_budget(r: dict[str, Any]) -> str:
     text = (f"The analytic budget was checked against PyTorch's `MemTracker` on "
             f"{count(agreement['setups'], 'full-size setup')}: the worst analytic/traced ratio is "
             f"{agreement['worst_ratio']:.4f} "
-            f"({esc(agreement['worst_setup'])}), within the ±{agreement['tolerance']:.0%} target.")
+            f"({md_text(agreement['worst_setup'])}), within the ±{agreement['tolerance']:.0%} target.")
     if small:
         ratios = [float(row["ratio"]) for row in small]
         text += (f" Tiny models trained for real on CPU agree to within {max(abs(x - 1) for x in ratios):.1%} "
@@ -280,8 +283,8 @@ def recommended_fix(r: dict[str, Any]) -> str:
     rec = plan.get("recommended")
     if not rec:
         return "No remedy fits, so there is nothing to launch."
-    return (f"**{esc(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
-            f"{format_size(rec['host_ram_bytes'])}. The files are in `{esc(plan['config_dir'])}` (the training "
+    return (f"**{md_text(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
+            f"{format_size(rec['host_ram_bytes'])}. The files are in {md_code(plan['config_dir'])} (the training "
             f"script `train.py`, `LAUNCH.md` with every command); run there:\n\n"
             f"<pre>{esc(shell_lines(plan['launch_command']))}</pre>")
 
@@ -320,18 +323,10 @@ def config_files(r: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _escape_outside_code(line: str) -> str:
-    """HTML-escape a Markdown line except inside its `code spans` (Markdown escapes those itself)."""
-    parts = line.split("`")
-    if len(parts) % 2 == 0:  # an unclosed backtick: no code span, escape it all
-        return esc(line)
-    return "`".join(part if k % 2 else esc(part) for k, part in enumerate(parts))
-
-
 def config_block(name: str, text: str) -> str:
     """One emitted file for the report: a config as an escaped code block; a Markdown file (``LAUNCH.md``) rendered
-    as Markdown, its headings moved below the report's own (``####`` and deeper, out of the contents), its user text
-    escaped outside code."""
+    as Markdown (oomlab wrote it, its user text escaped there), its headings moved below the report's own (``####``
+    and deeper, out of the contents)."""
     if not name.endswith(".md"):
         return f"<strong><code>{esc(name)}</code></strong>\n\n<pre>{esc(text)}</pre>"
     out, fenced = [], False
@@ -342,9 +337,9 @@ def config_block(name: str, text: str) -> str:
         elif fenced:
             out.append(line)  # a fenced block is shown verbatim: Markdown escapes it
         elif line.startswith("#"):
-            out.append("###" + _escape_outside_code(line))
+            out.append("###" + line)
         else:
-            out.append(_escape_outside_code(line))
+            out.append(line)
     return f"<strong><code>{esc(name)}</code></strong>\n\n" + "\n".join(out)
 
 

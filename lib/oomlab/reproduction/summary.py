@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from oomlab.core import seed
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.gpus import known_gpus, load_gpu
+from oomlab.core.markdown import md_text
 from oomlab.core.seed import seed_report_text
 from oomlab.core.units import format_size
 from oomlab.reproduction.result import FigureComparison, ReproduceResult
@@ -25,7 +26,7 @@ def summarize(result: ReproduceResult, gpus: int = 1) -> str:
     gpu = load_gpu(result.gpu)
     usable = result.total_bytes - result.outside_pytorch_bytes
     lines = [
-        f"**{result.model}** in **{result.dtype}** needs {format_size(result.model_bytes)} for its tensors "
+        f"**{md_text(result.model)}** in **{result.dtype}** needs {format_size(result.model_bytes)} for its tensors "
         f"({result.model_parameters:,} parameters), and the caching allocator reserves "
         f"{format_size(result.model_reserved_bytes)} to hold them. One {gpu.display_name} offers "
         f"{format_size(result.total_bytes)}, of which {format_size(usable)} is usable by PyTorch once "
