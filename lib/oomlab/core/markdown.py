@@ -13,14 +13,20 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Sequence
 
-_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")  # CommonMark: any ASCII punctuation may be backslash-escaped
+# What can start markup inside a line (CommonMark, GFM's tables and strikethrough, nbconvert's $ math); a link or an
+# image needs its "[", so "(", ")", "!", ":" and "/" stay as they are and a path or a name reads unchanged.
+_INLINE = re.compile(r"([\\`*_\[\]<>&|~$])")
+_BLOCK_START = re.compile(r"^(\s*)(?:([#>+=-])|(\d+)([.)]))")  # a heading, quote, list or rule at a paragraph start
 _BACKTICKS = re.compile(r"`+")
 _LINE_BREAK = re.compile(r"[\r\n\u2028\u2029]+")
 
 
 def md_text(value: object) -> str:
-    """``value`` as literal inline Markdown: punctuation backslash-escaped, line breaks as spaces."""
-    return _PUNCTUATION.sub(r"\\\1", _LINE_BREAK.sub(" ", str(value)))
+    """``value`` as literal inline Markdown: every character that could start markup backslash-escaped (CommonMark
+    lets any ASCII punctuation be), line breaks as spaces; a shipped name or a plain path reads unchanged."""
+    text = _INLINE.sub(r"\\\1", _LINE_BREAK.sub(" ", str(value)))
+    return _BLOCK_START.sub(lambda m: m.group(1) + (f"\\{m.group(2)}" if m.group(2) else f"{m.group(3)}\\{m.group(4)}"),
+                            text, count=1)
 
 
 def _fence(text: str, least: int) -> str:
