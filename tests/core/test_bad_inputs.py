@@ -14,6 +14,8 @@ from oomlab.core.errors import InvalidValueError, OomlabError, UnknownNameError
 from oomlab.core.gpus import known_gpus, load_gpu
 from oomlab.core.models import load_model
 from oomlab.core.paths import GPU_SPECS_DIR
+from oomlab.core.prices import load_prices, resolve_host_ram
+from oomlab.core.units import parse_memory_size
 from oomlab.core.user_input import shown
 
 LLAMA_7B = dict(load_model("llama-7b").config)
@@ -156,3 +158,95 @@ def test_gpu_unknown_name() -> None:
     """A name-shaped unknown GPU keeps the plain refusal."""
     with pytest.raises(UnknownNameError, match=r"^unknown GPU 'h9000'; known: a100-40gb, "):
         load_gpu("h9000")
+
+
+# ------------------------------------------------------------------------------------------------ price tables
+
+ROW = {"provider": "mine", "instance": "box", "gpu": "a100-80gb", "gpus_per_instance": 8, "usd_per_hour": 8.0}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        # "$inf per million tokens" before
+        ('{"instances": [{"provider": "x", "instance": "y", "gpu": "t4", "gpus_per_instance": 1, '
+         '"usd_per_hour": Infinity}]}', "Infinity is not a number JSON allows"),
+        ('{"instances": [{"provider": "x", "instance": "y", "gpu": "t4", "gpus_per_instance": 1, '
+         '"usd_per_hour": NaN}]}', "NaN is not a number JSON allows"),
+        ('{"instances": [{"provider": "x", "instance": "y", "gpu": "t4", "gpus_per_instance": 1, '
+         '"usd_per_hour": 1e999}]}', "1e999 is out of range for a number"),
+        (json.dumps({"instances": [{**ROW, "host_ram_bytes": 1e300}]}),
+         "instance 0's host_ram_bytes 1e+300 (", ),
+        (json.dumps({"instances": [{**ROW, "usd_per_hour": 1e12}]}),
+         "instance 0 has usd_per_hour 1000000000000.0; must be a finite number of dollars > 0 and at most 10,000"),
+        (json.dumps({"instances": [{**ROW, "usd_per_hour": 0}]}), "instance 0 has usd_per_hour 0; must be"),
+        (json.dumps({"instances": [{**ROW, "gpus_per_instance": 10**6}]}),
+         "instance 0 has gpus_per_instance 1000000; must be an integer from 1 to 64"),
+        # silently read as "not stated" before
+        (json.dumps({"instances": [{**ROW, "host_ram_bytes": -5}]}), "instance 0's host_ram_bytes -5 ("),
+        (json.dumps({"instances": [{**ROW, "host_ram_bytes": "lots"}]}),
+         "instance 0 has host_ram_bytes 'lots'; must be a whole number of bytes (or null when unknown)"),
+        (json.dumps({"instances": [{**ROW, "host_ram_reliable": "no"}]}),
+         "instance 0 has host_ram_reliable 'no'; must be true or false"),
+        (json.dumps({"instances": [{**ROW, "provider": ["x"] * 1000}]}), "instance 0 has provider ['x', 'x',"),
+        (json.dumps({"instances": [{**ROW, "instance": "y" * 1000}]}), "must be a string of at most 500 characters"),
+    ],
+    ids=["usd-infinity", "usd-nan", "usd-overflow", "host-huge", "usd-huge", "usd-zero", "gpus-huge",
+         "host-negative", "host-string", "reliable-string", "provider-list", "instance-long"],
+)
+def test_price_table_values_checked(tmp_path: Path, content: str, message: str) -> None:
+    """Every number of a price table is finite and in range, every name a short string (messages clipped)."""
+    path = tmp_path / "prices.json"
+    path.write_text(content)
+    with pytest.raises(InvalidValueError) as err:
+        load_prices(path)
+    assert message in str(err.value)
+    assert len(str(err.value)) < 600
+
+
+def test_price_table_folder_and_encoding(tmp_path: Path) -> None:
+    """A folder or a file in another encoding is refused naming it (a traceback before)."""
+    with pytest.raises(InvalidValueError, match=r"price table '.*' is a folder; give a regular file"):
+        load_prices(tmp_path)
+    path = tmp_path / "prices.json"
+    path.write_bytes(b'{"instances": [], "note": "\xe9"}')
+    with pytest.raises(InvalidValueError, match=r"is not UTF-8 text \(byte 0xe9 at offset 27\); save it as UTF-8"):
+        load_prices(path)
+
+
+def test_price_table_good_host_ram(tmp_path: Path) -> None:
+    """A well-formed row with its host RAM is read as before."""
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"instances": [{**ROW, "host_ram_bytes": 2**40}]}))
+    assert load_prices(path).instances[0].host_ram_bytes == 2**40
+
+
+# ------------------------------------------------------------------------------------------------ sizes
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # OverflowError traceback before
+        ("9" * 400 + "GiB", "a number of at most 30 digits (before and after the point) is accepted"),
+        ("1." + "0" * 400 + "GiB", "a number of at most 30 digits"),
+        ("2000TiB", "invalid host RAM '2000TiB' (2048000.00 GiB): must be at most 1048576.00 GiB (1 PiB)"),
+        ("1048577GiB", "must be at most 1048576.00 GiB"),  # one GiB over the bound
+    ],
+    ids=["400-nines", "400-decimals", "2000TiB", "bound+1"],
+)
+def test_memory_size_bounded(text: str, message: str) -> None:
+    """A host RAM beyond 1 PiB, or written with hundreds of digits, is refused, the value clipped."""
+    with pytest.raises(InvalidValueError) as err:
+        parse_memory_size(text)
+    assert message in str(err.value) and len(str(err.value)) < 400
+
+
+def test_memory_size_at_bound() -> None:
+    """1 PiB itself is accepted."""
+    assert parse_memory_size("1048576GiB") == 2**50
+
+
+def test_host_ram_integer_bounded() -> None:
+    """An integer host RAM (the API's) is held to the same bounds."""
+    with pytest.raises(InvalidValueError, match=r"must be at most 1048576.00 GiB"):
+        resolve_host_ram(2**60, "t4", 1)

@@ -10,6 +10,7 @@ has the same shape: ``{"instances": [{"provider", "instance", "gpu",
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -20,7 +21,8 @@ from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import known_gpus
 from oomlab.core.paths import SPECS_DIR
 from oomlab.core.seed import SEED_GPU, SEED_GPUS
-from oomlab.core.units import format_size, parse_memory_size
+from oomlab.core.units import check_host_ram, format_size, parse_memory_size
+from oomlab.core.user_input import load_user_json, read_user_text, shown
 
 PRICES_JSON = SPECS_DIR / "prices.json"
 REQUIRED = ("provider", "instance", "gpu", "gpus_per_instance", "usd_per_hour")
@@ -90,23 +92,46 @@ class PriceTable:
         return min(rows, key=lambda i: (i.usd_per_hour, i.label)) if rows else None
 
 
+MAX_GPUS_PER_INSTANCE = 64  # the largest cloud instances carry 8 or 16 GPUs
+MAX_USD_PER_HOUR = 10_000.0  # the dearest listed instance costs about $100/hour
+MAX_TEXT_CHARS = 500  # a provider, instance, region, source URL or date
+
+
 def _instance(raw: Any, where: str, index: int) -> InstancePrice:
+    """One row of a table, every field checked: names as short strings, counts and prices finite and in range."""
+    row = f"{where}: instance {index}"
     if not isinstance(raw, dict):
-        raise InvalidValueError(f"{where}: instance {index} must be an object with {', '.join(REQUIRED)}")
+        raise InvalidValueError(f"{row} must be an object with {', '.join(REQUIRED)}; got {shown(raw)}")
     missing = [k for k in REQUIRED if k not in raw]
     if missing:
-        raise InvalidValueError(f"{where}: instance {index} lacks {', '.join(missing)}")
+        raise InvalidValueError(f"{row} lacks {', '.join(missing)}")
     gpus, price = raw["gpus_per_instance"], raw["usd_per_hour"]
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-        raise InvalidValueError(f"{where}: instance {index} has gpus_per_instance {gpus!r}; must be an integer >= 1")
-    if not isinstance(price, int | float) or isinstance(price, bool) or not price > 0:
-        raise InvalidValueError(f"{where}: instance {index} has usd_per_hour {price!r}; must be a number > 0")
-    host = raw.get("host_ram_bytes") if raw.get("host_ram_reliable", True) else None
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= MAX_GPUS_PER_INSTANCE:
+        raise InvalidValueError(f"{row} has gpus_per_instance {shown(gpus)}; must be an integer from 1 to "
+                                f"{MAX_GPUS_PER_INSTANCE}")
+    if not isinstance(price, int | float) or isinstance(price, bool) or not 0 < price <= MAX_USD_PER_HOUR:
+        raise InvalidValueError(f"{row} has usd_per_hour {shown(price)}; must be a finite number of dollars > 0 and "
+                                f"at most {MAX_USD_PER_HOUR:,.0f}")
+    reliable = raw.get("host_ram_reliable", True)
+    if not isinstance(reliable, bool):
+        raise InvalidValueError(f"{row} has host_ram_reliable {shown(reliable)}; must be true or false")
+    host = raw.get("host_ram_bytes")
+    if host is not None:
+        if isinstance(host, bool) or not isinstance(host, int | float) or not math.isfinite(host) \
+                or host != int(host):
+            raise InvalidValueError(f"{row} has host_ram_bytes {shown(host)}; must be a whole number of bytes "
+                                    f"(or null when unknown), e.g. {192 * 2**30}")
+        check_host_ram(int(host), f"{row}'s host_ram_bytes", host)
+    texts = {key: raw.get(key, default) for key, default in (
+        ("provider", ""), ("instance", ""), ("gpu", ""), ("region", ""), ("source", where), ("date", "undated"))}
+    for key, value in texts.items():
+        if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
+            raise InvalidValueError(f"{row} has {key} {shown(value)}; must be a string of at most "
+                                    f"{MAX_TEXT_CHARS} characters")
     return InstancePrice(
-        provider=str(raw["provider"]), instance=str(raw["instance"]), gpu=str(raw["gpu"]), gpus_per_instance=gpus,
-        usd_per_hour=float(price), region=str(raw.get("region", "")),
-        host_ram_bytes=int(host) if isinstance(host, int | float) and host > 0 else None,
-        source=str(raw.get("source", where)), date=str(raw.get("date", "undated")),
+        provider=texts["provider"], instance=texts["instance"], gpu=texts["gpu"], gpus_per_instance=gpus,
+        usd_per_hour=float(price), region=texts["region"], host_ram_bytes=int(host) if host and reliable else None,
+        source=texts["source"], date=texts["date"],
     )
 
 
@@ -151,7 +176,7 @@ def load_prices(path: str | os.PathLike[str] | None = None) -> PriceTable:
     table's ``a10`` is not an ``a10g``)."""
     if path is None:
         return _shipped()
-    return _read(Path(path), f"price table {str(path)!r}")
+    return _read(Path(path), f"price table {shown(str(path))}")
 
 
 @cache
@@ -160,14 +185,17 @@ def _shipped() -> PriceTable:
 
 
 def _read(path: Path, where: str) -> PriceTable:
+    """A price table, read within :mod:`oomlab.core.user_input`'s bounds (a regular file of a few MiB, UTF-8, JSON
+    without NaN or infinities)."""
+    text = read_user_text(path, "price table")
     try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError as err:
-        raise InvalidValueError(f"{where}: file not found") from err
+        raw = load_user_json(text, where)
     except json.JSONDecodeError as err:
         raise InvalidValueError(f"{where} is not valid JSON: line {err.lineno}: {err.msg}") from err
     if not isinstance(raw, dict) or not isinstance(raw.get("instances"), list):
-        raise InvalidValueError(f"{where} must be an object with a list 'instances'")
+        raise InvalidValueError(f"{where} must be an object with a list 'instances' ({{\"instances\": [{{\"provider\": "
+                                "..., \"instance\": ..., \"gpu\": ..., \"gpus_per_instance\": ..., \"usd_per_hour\": "
+                                "...}, ...]}})")
     known = set(known_gpus())
     rows = tuple(r for r in (_instance(x, where, i) for i, x in enumerate(raw["instances"])) if r.gpu in known)
     source = where if path != PRICES_JSON else (
@@ -238,5 +266,6 @@ def resolve_host_ram(host_ram: str | int | None, gpu: str, gpus: int) -> HostRam
     :func:`assumed_host_ram`."""
     if host_ram is None or (isinstance(host_ram, str) and host_ram.strip().lower() == HOST_RAM_AUTO):
         return assumed_host_ram(gpu, gpus)
-    given = host_ram if isinstance(host_ram, int) and not isinstance(host_ram, bool) else parse_memory_size(host_ram)
+    given = check_host_ram(host_ram) if isinstance(host_ram, int) and not isinstance(host_ram, bool) \
+        else parse_memory_size(host_ram)
     return HostRam(given, "given", False)
