@@ -20,6 +20,7 @@ leaves out keeps DeepSpeed's own default (``reduce_bucket_size`` 5e8 elements: a
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from oomlab.core.choices import Strategy
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.models import ModelSpec
 from oomlab.core.setup import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS, TrainingSetup, make_setup
+from oomlab.core.user_input import load_user_json, read_user_text, shown
 
 # DeepSpeed 0.19.8 defaults, deepspeed/runtime/zero/config.py
 REDUCE_BUCKET_SIZE = 500_000_000  # config.py:113 reduce_bucket_size = Field(pp_int(5e8))
@@ -38,7 +40,13 @@ PREFETCH_BUCKET_SIZE = 50_000_000  # config.py:222 stage3_prefetch_bucket_size
 PARAM_PERSISTENCE_THRESHOLD = 100_000  # config.py:228 stage3_param_persistence_threshold
 MAX_LIVE_PARAMETERS = 1_000_000_000  # config.py:245 stage3_max_live_parameters
 MAX_REUSE_DISTANCE = 1_000_000_000  # config.py:251 stage3_max_reuse_distance
+MAX_ELEMENTS = 10**15  # a bucket, threshold or distance in elements: 2 PB of half values, beyond any machine
+MAX_MICRO_BATCH = 2**20  # train_micro_batch_size_per_gpu
 AUTO = "auto"
+# the blocks of a DeepSpeed JSON that are mappings, with one example each (what DeepSpeed's config classes accept)
+_BLOCKS = {"fp16": '{"enabled": true}', "bf16": '{"enabled": true}', "optimizer": '{"type": "AdamW"}',
+           "zero_optimization": '{"stage": 2}', "offload_optimizer": '{"device": "cpu"}',
+           "offload_param": '{"device": "cpu"}', "data_types": '{"grad_accum_dtype": "fp32"}'}
 HIDDEN_SIZE_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
 
 
@@ -106,8 +114,19 @@ class DeepSpeedLaunch:
         return settings_for(self.setup, self.settings)
 
 
-def _device(block: Any, key: str) -> str | None:
+def _block(config: Mapping[str, Any], key: str, where: str = "") -> Mapping[str, Any]:
+    """The block ``config[key]`` (absent or null: empty); anything but a mapping is refused with an example."""
+    value = config.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidValueError(f"{where}{key} must be a block of keys such as {_BLOCKS[key]}, got {shown(value)}")
+    return value
+
+
+def _device(zero: Mapping[str, Any], key: str) -> str | None:
     """``zero_optimization.<key>.device`` ("none" and absent: None)."""
+    block = _block(zero, key, "zero_optimization.")
     if not block:
         return None
     device = str(block.get("device", "none")).lower()
@@ -120,7 +139,7 @@ def _device(block: Any, key: str) -> str | None:
 
 
 def _strategy(stage: Any, optimizer_offload: str | None, param_offload: str | None) -> tuple[Strategy, bool | None]:
-    if stage not in (1, 2, 3):
+    if isinstance(stage, bool) or stage not in (1, 2, 3):
         raise InvalidValueError(f"invalid zero_optimization.stage {stage!r}; oomlab budgets ZeRO stages 1, 2 and 3")
     if param_offload and stage != 3:
         raise InvalidValueError(f"offload_param needs ZeRO stage 3; got stage {stage}")
@@ -139,8 +158,10 @@ def _strategy(stage: Any, optimizer_offload: str | None, param_offload: str | No
 
 
 def _enabled(config: Mapping[str, Any], key: str) -> bool | str:
-    value = (config.get(key) or {}).get("enabled", False)
-    return AUTO if value == AUTO else bool(value)
+    value = _block(config, key).get("enabled", False)
+    if value is None or value == AUTO or isinstance(value, bool):
+        return bool(value) if value != AUTO else AUTO
+    raise InvalidValueError(f"{key}.enabled must be true, false or \"auto\", got {shown(value)}")
 
 
 def _precision(config: Mapping[str, Any], precision: str | None) -> str:
@@ -161,7 +182,7 @@ def _precision(config: Mapping[str, Any], precision: str | None) -> str:
 def _optimizer(config: Mapping[str, Any], optimizer: str) -> str:
     """An ``"optimizer"`` block of type Adam/AdamW is DeepSpeed's own (FusedAdam / DeepSpeedCPUAdam): ``adamw``;
     without one the Trainer passes its own optimizer (``optimizer``; its default is ``adamw-fused``)."""
-    block = config.get("optimizer")
+    block = _block(config, "optimizer")
     if not block:
         return optimizer
     kind = str(block.get("type", "")).lower()
@@ -177,18 +198,33 @@ def _elements(zero: Mapping[str, Any], key: str, default: int | None, auto_allow
             raise InvalidValueError(f"zero_optimization.{key} is 'auto', which only {', '.join(HIDDEN_SIZE_KEYS)} "
                                     "accept; give a number")
         return None
-    try:
-        return int(float(value))
-    except (TypeError, ValueError) as err:
-        raise InvalidValueError(f"invalid zero_optimization.{key} {value!r}; expected a number of elements") from err
+    return _whole(value, f"zero_optimization.{key}", 0, MAX_ELEMENTS, "a number of elements")
+
+
+def _whole(value: Any, what: str, low: int, high: int, kind: str) -> int:
+    """A whole number (``5e8`` and ``"5e8"`` read as DeepSpeed's ``pp_int`` reads them) from ``low`` to ``high``; NaN,
+    infinities, fractions, bools and numbers outside are refused naming ``what`` and the range."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise InvalidValueError(f"invalid {what} {shown(value)}; expected {kind}")
+    whole = isinstance(number, int) or math.isfinite(number) and number.is_integer()
+    if not (whole and low <= number <= high):
+        raise InvalidValueError(f"invalid {what} {shown(value)}; expected {kind}: a whole number from {low:,} to "
+                                f"{high:,}")
+    return int(number)
 
 
 def settings_from_config(config: Mapping[str, Any], strategy: Strategy, offload_param: bool | None = None
                          ) -> DeepSpeedSettings:
     """The knobs of a DeepSpeed JSON: ``"auto"`` → ``None``; a key left out → DeepSpeed's own default."""
-    zero = config.get("zero_optimization") or {}
+    zero = _block(config, "zero_optimization")
     overlap = zero.get("overlap_comm")
-    accum = str((config.get("data_types") or {}).get("grad_accum_dtype") or "").lower()
+    accum = str(_block(config, "data_types").get("grad_accum_dtype") or "").lower()
     return DeepSpeedSettings(
         reduce_bucket_size=_elements(zero, "reduce_bucket_size", REDUCE_BUCKET_SIZE, True),
         allgather_bucket_size=_elements(zero, "allgather_bucket_size", ALLGATHER_BUCKET_SIZE, False),
@@ -209,25 +245,47 @@ def read_deepspeed_config(config: Mapping[str, Any] | str | Path, *, model: str 
                           nodes: int = 1, seq: int = 2048, method: str = "full", precision: str | None = None,
                           optimizer: str = "adamw-fused", batch: int = 1, checkpointing: bool = False,
                           attention: str = "sdpa", lora_rank: int = 8, lora_alpha: int = DEFAULT_LORA_ALPHA,
-                          lora_targets: Sequence[str] | str = DEFAULT_LORA_TARGETS) -> DeepSpeedLaunch:
+                          lora_targets: Sequence[str] | str = DEFAULT_LORA_TARGETS, source: str | None = None
+                          ) -> DeepSpeedLaunch:
     """The setup and knobs a DeepSpeed JSON (a dict or a path) trains ``model`` with on ``nodes`` × ``gpus``.
 
     What the JSON does not say comes from the keyword arguments (the Trainer's flags): the sequence length, method,
     checkpointing; ``precision`` where fp16/bf16 are ``"auto"``, ``batch`` where the micro-batch is, and
-    ``optimizer`` where the JSON has no ``"optimizer"`` block.
+    ``optimizer`` where the JSON has no ``"optimizer"`` block.  A bad value is refused naming ``source`` (the file;
+    a path's own name by default), the key and what is accepted.
     """
     if not isinstance(config, Mapping):
-        config = json.loads(Path(config).read_text())
-    zero = config.get("zero_optimization") or {}
-    strategy, offload_param = _strategy(zero.get("stage", 0),
-                                        _device(zero.get("offload_optimizer"), "offload_optimizer"),
-                                        _device(zero.get("offload_param"), "offload_param"))
-    micro = config.get("train_micro_batch_size_per_gpu", AUTO)
+        source = source or str(config)
+        config = _read_json(config)
+    try:
+        zero = _block(config, "zero_optimization")
+        strategy, offload_param = _strategy(zero.get("stage", 0), _device(zero, "offload_optimizer"),
+                                            _device(zero, "offload_param"))
+        micro = config.get("train_micro_batch_size_per_gpu", AUTO)
+        if micro != AUTO:
+            batch = _whole(micro, "train_micro_batch_size_per_gpu", 1, MAX_MICRO_BATCH, "a number of samples")
+        precision, optimizer = _precision(config, precision), _optimizer(config, optimizer)
+        settings = settings_from_config(config, strategy, offload_param)
+    except InvalidValueError as err:
+        if source is None:
+            raise
+        raise InvalidValueError(f"{source}: {err}") from err
     setup = make_setup(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
-                       precision=_precision(config, precision), optimizer=_optimizer(config, optimizer),
-                       batch=batch if micro == AUTO else int(micro), seq=seq, checkpointing=checkpointing,
+                       precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,
                        attention=attention, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)
-    return DeepSpeedLaunch(setup, settings_from_config(config, strategy, offload_param))
+    return DeepSpeedLaunch(setup, settings)
+
+
+def _read_json(path: str | Path) -> Mapping[str, Any]:
+    """A DeepSpeed JSON file read as a user's file (:mod:`oomlab.core.user_input`): a mapping, or refused."""
+    text = read_user_text(path, "DeepSpeed JSON")
+    try:
+        data = load_user_json(text, f"DeepSpeed JSON {str(path)!r}")
+    except json.JSONDecodeError as err:
+        raise InvalidValueError(f"{path}:{err.lineno}:{err.colno}: malformed JSON: {err.msg}") from err
+    if not isinstance(data, Mapping):
+        raise InvalidValueError(f"{path}: expected a DeepSpeed JSON mapping of keys, got {type(data).__name__}")
+    return data
 
 
 def settings_rows(settings: DeepSpeedSettings) -> list[tuple[str, Any]]:

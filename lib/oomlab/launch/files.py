@@ -1,6 +1,8 @@
 """The user's files read with the line of every key: JSON (DeepSpeed, TrainingArguments, adapter_config.json,
 config.json, a quantization_config) and YAML (accelerate).  A malformed file is an error naming the file and the line;
-a file that is not a mapping is refused saying what it holds."""
+a file that is not a mapping is refused saying what it holds.  Every file is read through
+:mod:`oomlab.core.user_input`: a regular file under its size cap, strict UTF-8, JSON without NaN/Infinity or huge
+integers, YAML without aliases, nesting bounded -- a FIFO or a YAML alias bomb is refused in milliseconds."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from oomlab.core.errors import LaunchFileError
+from oomlab.core.errors import InvalidValueError, LaunchFileError
+from oomlab.core.user_input import compose_user_yaml, load_user_json, load_user_yaml, read_user_text
 from oomlab.launch.origin import Origin, file_origin
 
 
@@ -64,22 +67,26 @@ def _node_lines(node: yaml.Node, prefix: str = "", out: dict[str, int] | None = 
 def _key_lines(text: str) -> dict[str, int]:
     """Lines of the keys, read through YAML's composer (JSON is YAML for this purpose); {} where it cannot."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = compose_user_yaml(text)
     except yaml.YAMLError:
         return {}
     return {} if node is None else _node_lines(node)
 
 
-def _text(path: str | Path) -> tuple[str, str]:
-    p = Path(path).expanduser()
+def read_launch_text(path: str | Path, what: str = "launch file") -> str:
+    """The text of one of the user's files (a launch command, a config): a regular file, at most
+    :data:`~oomlab.core.user_input.USER_FILE_MAX_BYTES`, UTF-8; anything else is refused naming ``what`` and the
+    path."""
+    if not Path(path).expanduser().exists():
+        raise LaunchFileError(f"{what} {str(path)!r} does not exist")
     try:
-        return str(path), p.read_text()
-    except FileNotFoundError as err:
-        raise LaunchFileError(f"launch file {str(path)!r} does not exist") from err
-    except IsADirectoryError as err:
-        raise LaunchFileError(f"launch file {str(path)!r} is a folder; give the file") from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise LaunchFileError(f"launch file {str(path)!r} cannot be read: {err}") from err
+        return read_user_text(path, what)
+    except InvalidValueError as err:
+        raise LaunchFileError(str(err)) from err
+
+
+def _text(path: str | Path, what: str) -> tuple[str, str]:
+    return str(path), read_launch_text(path, what)
 
 
 def _mapping(name: str, data: Any, kind: str) -> Mapping[str, Any]:
@@ -88,25 +95,29 @@ def _mapping(name: str, data: Any, kind: str) -> Mapping[str, Any]:
     return data
 
 
-def read_json(path: str | Path) -> LaunchFile:
-    """A JSON file as a :class:`LaunchFile`; malformed JSON is an error naming ``file:line:column``."""
-    name, text = _text(path)
+def read_json(path: str | Path, what: str = "launch file") -> LaunchFile:
+    """A JSON file as a :class:`LaunchFile`; malformed JSON is an error naming ``file:line:column`` (an unreadable
+    file names ``what``)."""
+    name, text = _text(path, what)
     try:
-        data = json.loads(text)
+        data = load_user_json(text, name)
     except json.JSONDecodeError as err:
         raise LaunchFileError(f"{name}:{err.lineno}:{err.colno}: malformed JSON: {err.msg}") from err
     return LaunchFile(name, _mapping(name, data, "JSON"), _key_lines(text))
 
 
-def read_yaml(path: str | Path) -> LaunchFile:
-    """A YAML file as a :class:`LaunchFile`; malformed YAML is an error naming ``file:line:column``."""
-    name, text = _text(path)
+def read_yaml(path: str | Path, what: str = "launch file") -> LaunchFile:
+    """A YAML file as a :class:`LaunchFile`; malformed YAML is an error naming ``file:line:column`` (an unreadable
+    file names ``what``)."""
+    name, text = _text(path, what)
     try:
-        data = yaml.safe_load(text)
+        data = load_user_yaml(text)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
-        raise LaunchFileError(f"{where}: malformed YAML: {err.problem or err.context}") from err
+        # an alias, deep nesting or a huge integer is well-formed YAML that is refused; the rest is malformed
+        refused = isinstance(err, (yaml.composer.ComposerError, yaml.constructor.ConstructorError))
+        raise LaunchFileError(f"{where}: {'' if refused else 'malformed YAML: '}{err.problem or err.context}") from err
     except yaml.YAMLError as err:
         raise LaunchFileError(f"{name}: malformed YAML: {err}") from err
     return LaunchFile(name, _mapping(name, data or {}, "YAML"), _key_lines(text))

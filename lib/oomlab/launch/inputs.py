@@ -10,7 +10,7 @@ from pathlib import Path
 from oomlab.core.errors import InvalidValueError, LaunchFileError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import load_model
-from oomlab.launch.files import read_json
+from oomlab.launch.files import read_json, read_launch_text
 from oomlab.launch.read import LaunchInputs
 
 LAUNCH_COMMAND_FILES = ("launch.sh", "launch.txt", "command.txt")
@@ -28,13 +28,13 @@ def check_inputs(*, launch: str | None = None, launch_dir: str | os.PathLike[str
     given = {"accelerate_config": accelerate_config, "deepspeed": deepspeed, "training_args": training_args,
              "adapter_config": adapter_config, "quantization_config": quantization_config}
     for option, path in given.items():
-        if path is not None and not Path(path).expanduser().is_file():
+        if path is not None and not Path(path).expanduser().exists():  # a FIFO or a folder: refused by its reader
             raise LaunchFileError(f"--{option.replace('_', '-')} {path!r}: no such file")
     base = inputs_from_dir(launch_dir, gpu=gpu, gpus=gpus, model=model) if launch_dir is not None else \
         LaunchInputs(model=model, gpu=gpu, gpus=gpus)
-    changes = {k: v for k, v in given.items() if v is not None}
-    if launch is not None:
-        changes["command"] = launch
+    changes: dict[str, str | None] = {k: v for k, v in given.items() if v is not None}
+    if launch is not None:  # typed here: its relative paths are the current folder's
+        changes.update(command=launch, command_dir=None)
     return replace(base, **changes)
 
 
@@ -43,14 +43,18 @@ def inputs_from_dir(folder: str | os.PathLike[str], gpu: str, gpus: int | None =
     """The launch files of a folder, recognised by name and content: ``launch.sh``/``launch.txt`` (the command),
     ``accelerate*.yaml``, a DeepSpeed JSON (``zero_optimization``), ``training_args.json`` (or any JSON with
     ``per_device_train_batch_size``), ``adapter_config.json``, ``quantization_config.json``, ``config.json``."""
-    root = Path(folder)
+    if not str(folder).strip():  # Path("") is the current folder: never read it unasked
+        raise InvalidValueError(f"launch_dir {str(folder)!r} is empty; give the folder of launch files (launch.txt, "
+                                "accelerate*.yaml, a DeepSpeed JSON, training_args.json, ...)")
+    root = Path(folder).expanduser()
     if not root.is_dir():
         raise InvalidValueError(f"launch_dir {str(folder)!r} is not a folder of launch files")
     found: dict[str, str] = {}
     command = None
     for name in LAUNCH_COMMAND_FILES:
-        if (root / name).is_file():
-            lines = [ln for ln in (root / name).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+        if (root / name).exists():  # a FIFO or a folder of that name is refused by the reader, not skipped
+            text = read_launch_text(root / name, "launch command file")
+            lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
             command = " ".join(ln.rstrip("\\").strip() for ln in lines)
             break
     for path in sorted(root.iterdir()):
@@ -66,7 +70,7 @@ def inputs_from_dir(folder: str | os.PathLike[str], gpu: str, gpus: int | None =
     if model is None and "model" in found:
         model = found.pop("model")
     found.pop("model", None)
-    return LaunchInputs(command=command, model=model, gpu=gpu, gpus=gpus, **found)
+    return LaunchInputs(command=command, model=model, gpu=gpu, gpus=gpus, command_dir=str(root), **found)
 
 
 def _json_kind(path: Path) -> str | None:

@@ -12,6 +12,7 @@ or flag not modelled is listed (:class:`~oomlab.launch.origin.Unmodelled`); two 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from oomlab.core.choices import Attention, Method, Precision, choice
 from oomlab.core.errors import InvalidValueError, LaunchConflictError, UnknownNameError
 from oomlab.core.models import ALL_LINEAR
 from oomlab.core.setup import TrainingSetup
+from oomlab.core.user_input import shown
 from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import LaunchCommand, Launcher
@@ -38,6 +40,13 @@ ASSUMED_SEQ = 2048  # the pipeline's seq default
 ASSUMED_DTYPE = "float16"  # the pipeline's dtype default (the seed's)
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
+# The largest count a launch may state: far beyond any real run, small enough that every estimate stays quick.
+MAX_BATCH = 2**20  # a micro-batch per GPU
+MAX_SEQ = 2**24  # a sequence length in tokens
+MAX_PROCESSES = 65_536  # processes, GPUs per node, nodes
+MAX_LORA = 2**20  # a LoRA rank or alpha
+# accelerate's numbered choices (a YAML key or a launcher flag): the range each accepts
+_NUMBERED = {"zero_stage": (0, 3), "fsdp_version": (1, 2)}
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class LaunchInputs:
     model: str | None = None  # a shipped name or a config.json
     gpu: str = "t4"
     gpus: int | None = None  # GPUs per node on the machine (None: as the launch says)
+    command_dir: str | None = None  # the folder holding the command (launch.txt): its relative paths start there
 
     @property
     def given(self) -> bool:
@@ -107,16 +117,27 @@ def bool_value(value: Any, origin: Origin) -> bool:
     text = str(value).strip().lower()
     if text in _TRUE + _FALSE:
         return text in _TRUE
-    raise InvalidValueError(f"{origin}: expected true or false, got {value!r}")
+    raise InvalidValueError(f"{origin}: expected true or false, got {shown(value)}")
 
 
-def int_value(value: Any, origin: Origin) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError) as err:
-        raise InvalidValueError(f"{origin}: expected an integer, got {value!r}") from err
-    if number != int(number) or number < 1:
-        raise InvalidValueError(f"{origin}: expected an integer >= 1, got {value!r}")
+def int_value(value: Any, origin: Origin | str, high: int, low: int = 1) -> int:
+    """A count the user states (a batch, a sequence length, a number of processes, a ZeRO stage): an integer, an
+    integral float or the text of one, from ``low`` to ``high``; anything else (NaN, infinities, ``1e308``, a bool, a
+    list) is refused naming ``origin``, the value and the range."""
+    number: Any = value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            number = int(text)
+        except ValueError:
+            try:
+                number = float(text)
+            except ValueError:
+                number = None
+    whole = not isinstance(number, bool) and (isinstance(number, int) or isinstance(number, float)
+                                               and math.isfinite(number) and number.is_integer())
+    if not whole or not low <= number <= high:
+        raise InvalidValueError(f"{origin}: expected an integer from {low} to {high:,}, got {shown(value)}")
     return int(number)
 
 
@@ -164,10 +185,10 @@ def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, An
         claims.say("precision", Precision.FP32, fp16[2])
     hit = _first(look, K.BATCH_KEYS)
     if hit[0]:
-        claims.say("batch", int_value(hit[1], hit[2]), hit[2])
+        claims.say("batch", int_value(hit[1], hit[2], MAX_BATCH), hit[2])
     hit = _first(look, K.SEQ_KEYS)
     if hit[0] and hit[1] is not None:
-        claims.say("seq", int_value(hit[1], hit[2]), hit[2])
+        claims.say("seq", int_value(hit[1], hit[2], MAX_SEQ), hit[2])
     for key in K.CHECKPOINTING_KEYS:
         hit = look(key)
         if hit[0] and hit[1] is not None or hit[0] and not is_json:
@@ -199,7 +220,7 @@ def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, An
     for names, target in ((K.LORA_RANK_KEYS, "lora_rank"), (K.LORA_ALPHA_KEYS, "lora_alpha")):
         hit = _first(look, names)
         if hit[0] and hit[1] is not None:
-            claims.say(target, int_value(hit[1], hit[2]), hit[2])
+            claims.say(target, int_value(hit[1], hit[2], MAX_LORA), hit[2])
     hit = look("lora_target_modules")
     if hit[0] and hit[1]:
         claims.say("lora_targets", targets_of(hit[1]), hit[2])
@@ -244,9 +265,10 @@ def accelerate_refs(claims: Claims, f: LaunchFile) -> dict[str, Any]:
     refs["distributed_type"] = (dist, f.origin("distributed_type"))
     if f.has("num_processes"):
         origin = f.origin("num_processes")
-        refs["num_processes"] = (int_value(f.get("num_processes"), origin), origin)
+        refs["num_processes"] = (int_value(f.get("num_processes"), origin, MAX_PROCESSES), origin)
     if f.has("num_machines"):
-        claims.say("nodes", int_value(f.get("num_machines"), f.origin("num_machines")), f.origin("num_machines"))
+        origin = f.origin("num_machines")
+        claims.say("nodes", int_value(f.get("num_machines"), origin, MAX_PROCESSES), origin)
     if f.has("mixed_precision"):
         mixed = str(f.get("mixed_precision")).lower()
         if mixed not in K.ACCELERATE_MIXED:
@@ -258,14 +280,31 @@ def accelerate_refs(claims: Claims, f: LaunchFile) -> dict[str, Any]:
                              f.origin("deepspeed_config.deepspeed_config_file"))
     for key in ("zero_stage", "offload_optimizer_device", "offload_param_device", "zero3_init_flag"):
         if f.has(f"deepspeed_config.{key}"):
-            refs[key] = (f.get(f"deepspeed_config.{key}"), f.origin(f"deepspeed_config.{key}"))
+            refs[key] = _numbered(key, f.get(f"deepspeed_config.{key}"), f.origin(f"deepspeed_config.{key}"))
     for key in ("fsdp_version", "fsdp_offload_params", "fsdp_sharding_strategy"):
         if f.has(f"fsdp_config.{key}"):
-            refs[key] = (f.get(f"fsdp_config.{key}"), f.origin(f"fsdp_config.{key}"))
+            refs[key] = _numbered(key, f.get(f"fsdp_config.{key}"), f.origin(f"fsdp_config.{key}"))
     if f.has("fsdp_config.fsdp_activation_checkpointing"):
         origin = f.origin("fsdp_config.fsdp_activation_checkpointing")
         claims.say("checkpointing", bool_value(f.get("fsdp_config.fsdp_activation_checkpointing"), origin), origin)
     return refs
+
+
+def _numbered(key: str, value: Any, origin: Origin) -> tuple[Any, Origin]:
+    """``(value, origin)`` of an accelerate key or flag; a numbered choice (``zero_stage``, ``fsdp_version``) as an
+    int in its range."""
+    if key in _NUMBERED:
+        low, high = _NUMBERED[key]
+        return int_value(value, origin, high, low), origin
+    return value, origin
+
+
+def _nodes(value: Any, origin: Origin) -> int:
+    """torchrun's ``--nnodes N`` or ``MIN:MAX`` (elastic): the most nodes, each bound checked."""
+    parts = [int_value(part, origin, MAX_PROCESSES) for part in str(value).split(":")]
+    if len(parts) > 2 or parts[0] > parts[-1]:
+        raise InvalidValueError(f"{origin}: expected N or MIN:MAX nodes with MIN <= MAX, got {shown(value)}")
+    return parts[-1]
 
 
 def launcher_refs(claims: Claims, cmd: LaunchCommand) -> dict[str, Any]:
@@ -279,17 +318,17 @@ def launcher_refs(claims: Claims, cmd: LaunchCommand) -> dict[str, Any]:
     if cmd.launcher is Launcher.TORCHRUN:
         n, nodes = opt("--nproc_per_node", "--nproc-per-node"), opt("--nnodes")
         if n and n[0] not in ("gpu", "auto"):
-            claims.say("gpus", int_value(n[0], n[1]), n[1])
+            claims.say("gpus", int_value(n[0], n[1], MAX_PROCESSES), n[1])
         elif n is None:
             claims.say("gpus", 1, default_origin("torch torchrun", "--nproc_per_node 1"), Strength.DEFAULT)
         if nodes:
-            claims.say("nodes", int_value(str(nodes[0]).split(":")[-1], nodes[1]), nodes[1])
+            claims.say("nodes", _nodes(nodes[0], nodes[1]), nodes[1])
     elif cmd.launcher is Launcher.DEEPSPEED:
         n, nodes = opt("--num_gpus"), opt("--num_nodes")
         if n:
-            claims.say("gpus", int_value(n[0], n[1]), n[1])
+            claims.say("gpus", int_value(n[0], n[1], MAX_PROCESSES), n[1])
         if nodes:
-            claims.say("nodes", int_value(nodes[0], nodes[1]), nodes[1])
+            claims.say("nodes", int_value(nodes[0], nodes[1], MAX_PROCESSES), nodes[1])
         refs["distributed_type"] = ("DEEPSPEED", flag_origin("deepspeed (the launcher)"))
     elif cmd.launcher is Launcher.PYTHON:
         claims.say("gpus", 1, flag_origin("python (one process)"))
@@ -297,9 +336,9 @@ def launcher_refs(claims: Claims, cmd: LaunchCommand) -> dict[str, Any]:
         for names, key in ((("--num_processes",), "num_processes"), (("--num_machines",), "nodes")):
             hit = opt(*names)
             if hit and key == "nodes":
-                claims.say("nodes", int_value(hit[0], hit[1]), hit[1])
+                claims.say("nodes", int_value(hit[0], hit[1], MAX_PROCESSES), hit[1])
             elif hit:
-                refs[key] = (int_value(hit[0], hit[1]), hit[1])
+                refs[key] = (int_value(hit[0], hit[1], MAX_PROCESSES), hit[1])
         for switch, dist in (("--use_deepspeed", "DEEPSPEED"), ("--use_fsdp", "FSDP"), ("--multi_gpu", "MULTI_GPU")):
             hit = opt(switch)
             if hit:
@@ -318,7 +357,7 @@ def launcher_refs(claims: Claims, cmd: LaunchCommand) -> dict[str, Any]:
                     "fsdp_version", "fsdp_offload_params"):
             hit = opt(f"--{key}")
             if hit:
-                refs[key] = hit
+                refs[key] = _numbered(key, *hit)
         hit = opt("--config_file")
         if hit:
             refs["config_file"] = hit

@@ -4,6 +4,7 @@ are found by :func:`oomlab.launch.inputs.inputs_from_dir`)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from oomlab.core.errors import InvalidValueError, LaunchConflictError, LaunchFil
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.setup import DEFAULT_LORA_TARGETS, make_setup
+from oomlab.core.user_input import shown
 from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import Launcher, parse_command
@@ -21,6 +23,9 @@ from oomlab.launch.origin import Origin, Sourced, Unmodelled, assumed, default_o
 from oomlab.launch.read import (
     ASSUMED_DTYPE,
     ASSUMED_SEQ,
+    MAX_BATCH,
+    MAX_LORA,
+    MAX_PROCESSES,
     LaunchInputs,
     UserLaunch,
     accelerate_refs,
@@ -67,12 +72,16 @@ def _deepspeed_file(inputs: LaunchInputs, refs: list[tuple[Any, Origin]], base_d
     return None
 
 
+def _from_command(inputs: LaunchInputs, value: str) -> str:
+    """A path the launch command names, as the command reads it: relative to the folder holding the command."""
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() or not inputs.command_dir else Path(inputs.command_dir) / path)
+
+
 def _processes(claims: Claims, inputs: LaunchInputs, launcher: Launcher | None, refs: dict[str, Any],
                env: dict[str, str]) -> None:
     """How many processes (GPUs) per node: the launcher's, against the machine's ``--gpus``."""
-    visible = None
-    if "CUDA_VISIBLE_DEVICES" in env:
-        visible = len([d for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()])
+    visible = _visible_devices(env["CUDA_VISIBLE_DEVICES"]) if "CUDA_VISIBLE_DEVICES" in env else None
     machine = inputs.gpus if inputs.gpus is not None else visible
     machine_origin = flag_origin(f"--gpus {inputs.gpus}") if inputs.gpus is not None else \
         flag_origin(f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')}")
@@ -96,6 +105,23 @@ def _processes(claims: Claims, inputs: LaunchInputs, launcher: Launcher | None, 
     if machine is not None and won is not None and won.value > machine:
         raise LaunchConflictError(f"contradiction in gpus: {won.origin} starts {won.value} processes per node but "
                                   f"{machine_origin} has {machine} GPUs")
+
+
+# one entry of CUDA_VISIBLE_DEVICES: a device index, or a GPU / MIG UUID (nvidia-smi -L)
+_DEVICE = re.compile(r"\d+|(GPU|MIG)-[0-9A-Za-z/-]+")
+
+
+def _visible_devices(value: str) -> int:
+    """How many GPUs ``CUDA_VISIBLE_DEVICES=value`` in the launch command shows: its comma-separated entries."""
+    entries = [d.strip() for d in value.split(",")]
+    accepted = ("expected comma-separated device indices or GPU UUIDs, e.g. CUDA_VISIBLE_DEVICES=0,1 "
+                f"(at least one, at most {MAX_PROCESSES:,})")
+    bad = [d for d in entries if not _DEVICE.fullmatch(d)]
+    if bad or not entries or len(entries) > MAX_PROCESSES:
+        what = f"the entry {shown(bad[0])}" if bad else f"{len(entries):,} entries"
+        raise InvalidValueError(f"CUDA_VISIBLE_DEVICES={shown(value)} in the launch command: {what} is not a GPU; "
+                                f"{accepted}")
+    return len(entries)
 
 
 def _strategy(claims: Claims, refs: dict[str, Any], ds: LaunchFile | None, fsdp_ref: Any) -> tuple[str, Origin]:
@@ -132,16 +158,14 @@ def _fsdp_strategy(refs: dict[str, Any], fsdp_ref: Any, fsdp_config: Any) -> tup
                                     "(with auto_wrap and optionally offload)")
         version, vorigin = 2, default_origin(K.TRANSFORMERS, "fsdp_config version 2 (training_args.py)")
         if isinstance(fsdp_config, dict) and "version" in fsdp_config:
-            version, vorigin = int(fsdp_config["version"]), fsdp_ref[2]
+            version, vorigin = int_value(fsdp_config["version"], f"{fsdp_ref[2]} fsdp_config version", 2), fsdp_ref[2]
         offload = "offload" in words
         origin = fsdp_ref[2] if version == 2 else vorigin
     else:
         version, origin = 1, default_origin(K.ACCELERATE, "fsdp_version 1")
         if "fsdp_version" in refs:
-            version, origin = int(refs["fsdp_version"][0]), refs["fsdp_version"][1]
+            version, origin = refs["fsdp_version"]
         offload = "fsdp_offload_params" in refs and bool_value(*refs["fsdp_offload_params"])
-    if version not in (1, 2):
-        raise InvalidValueError(f"{origin}: fsdp_version {version!r}; known: 1, 2")
     table = {(1, False): Strategy.FSDP, (1, True): Strategy.FSDP_OFFLOAD, (2, False): Strategy.FSDP2,
              (2, True): Strategy.FSDP2_OFFLOAD}
     return table[(version, offload)], origin
@@ -153,7 +177,7 @@ def _inline_deepspeed(refs: dict[str, Any]) -> dict[str, Any]:
         where = (refs.get("distributed_type") or refs["deepspeed"][1:])[1]
         raise InvalidValueError(f"{where}: a DeepSpeed launch but no DeepSpeed JSON and no zero_stage; pass the JSON "
                                 "with --deepspeed F")
-    zero: dict[str, Any] = {"stage": int(refs["zero_stage"][0])}
+    zero: dict[str, Any] = {"stage": refs["zero_stage"][0]}
     for key, block in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_param")):
         if key in refs:
             zero[block] = {"device": str(refs[key][0])}
@@ -167,7 +191,7 @@ def _deepspeed_claims(claims: Claims, ds: LaunchFile) -> None:
             claims.say("precision", value, ds.origin(f"{key}.enabled"))
     micro = ds.get("train_micro_batch_size_per_gpu")
     if micro not in (None, "auto"):
-        claims.say("batch", int_value(micro, ds.origin("train_micro_batch_size_per_gpu")),
+        claims.say("batch", int_value(micro, ds.origin("train_micro_batch_size_per_gpu"), MAX_BATCH),
                    ds.origin("train_micro_batch_size_per_gpu"))
     if ds.get("optimizer.type"):
         claims.override("optimizer", Optimizer.ADAMW, ds.origin("optimizer.type"),
@@ -200,10 +224,12 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     refs: dict[str, Any] = {}
     training_refs: dict[str, Any] = {}
     trainer = False
-    base_dirs = [Path.cwd()]
+    base_dirs = [Path(inputs.command_dir) if inputs.command_dir else Path.cwd()]
     if inputs.accelerate_config or (cmd is not None and cmd.option("--config_file")):
-        path = inputs.accelerate_config or cmd.option("--config_file")[1]
-        acc = read_yaml(path)
+        if inputs.accelerate_config:
+            acc = read_yaml(inputs.accelerate_config)
+        else:
+            acc = read_yaml(_from_command(inputs, cmd.option("--config_file")[1]), "the launch command's --config_file")
         files.append(acc.path)
         refs.update(accelerate_refs(claims, acc))
         unmodelled += _unmodelled_leaves(acc, K.ACCELERATE_KEYS, K.ACCELERATE_HARMLESS)
@@ -236,7 +262,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         files.append(ds.path)
         _deepspeed_claims(claims, ds)
         unmodelled += _unmodelled_leaves(ds, K.DEEPSPEED_KEYS)
-        if "zero_stage" in refs and int(refs["zero_stage"][0]) != ds.get("zero_optimization.stage"):
+        if "zero_stage" in refs and refs["zero_stage"][0] != ds.get("zero_optimization.stage"):
             raise LaunchConflictError(f"contradiction in zero stage: {refs['zero_stage'][1]} says "
                                       f"{refs['zero_stage'][0]} but {ds.origin('zero_optimization.stage')} says "
                                       f"{ds.get('zero_optimization.stage')}")
@@ -258,7 +284,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     if kind == "DEEPSPEED":
         config = dict(ds.data) if ds is not None else _inline_deepspeed(refs)
         launch = read_deepspeed_config(config, precision=precision.value, optimizer=fields["optimizer"].value.value,
-                                       **common)
+                                       source=ds.path if ds is not None else None, **common)
         strategy, settings = launch.setup.strategy, launch.settings
         strategy_origin = ds.origin("zero_optimization.stage") if ds is not None else refs["zero_stage"][1]
     elif kind == "FSDP":
@@ -339,9 +365,10 @@ def _quantization_and_adapter(claims: Claims, inputs: LaunchInputs, spec: ModelS
         claims.say("method", Method.LORA, a.origin("peft_type") if a.has("peft_type") else file_origin(a.path, "",
                                                                                                         None))
         if a.has("r"):
-            claims.say("lora_rank", int_value(a.get("r"), a.origin("r")), a.origin("r"))
+            claims.say("lora_rank", int_value(a.get("r"), a.origin("r"), MAX_LORA), a.origin("r"))
         if a.has("lora_alpha"):
-            claims.say("lora_alpha", int_value(a.get("lora_alpha"), a.origin("lora_alpha")), a.origin("lora_alpha"))
+            claims.say("lora_alpha", int_value(a.get("lora_alpha"), a.origin("lora_alpha"), MAX_LORA),
+                       a.origin("lora_alpha"))
         if a.get("target_modules"):
             claims.say("lora_targets", targets_of(a.get("target_modules")), a.origin("target_modules"))
         unmodelled += _unmodelled_leaves(a, K.ADAPTER_KEYS)

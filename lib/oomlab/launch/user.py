@@ -24,7 +24,7 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
     config.json), else the parameters themselves -- each field "assumed" where it is the registry's default
     (``defaults``), "given" where it differs."""
     folder = params.get("launch_dir")
-    if folder:
+    if folder is not None:  # an empty launch_dir is refused, not read as the current folder
         inputs = inputs_from_dir(folder, gpu=params["gpu"], gpus=params["gpus"])
         if inputs.model is None:
             inputs = type(inputs)(**{**inputs.__dict__, "model": params["model"]})
