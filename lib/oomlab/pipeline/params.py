@@ -20,7 +20,8 @@ from oomlab.core.models import ALL_LINEAR, load_model
 from oomlab.core.prices import HOST_RAM_AUTO, seed_machine_text
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_GPUS, SEED_MODEL
 from oomlab.core.setup import DEFAULT_LORA_TARGETS, MAX_GPUS_PER_NODE
-from oomlab.core.units import parse_memory_size
+from oomlab.core.units import MiB, format_size, parse_memory_size
+from oomlab.core.user_input import MAX_INT_DIGITS, SHOWN_CHARS, load_user_yaml, read_user_text, shown
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Param:
     help: str
     choices: tuple[str, ...] | None = None
     minimum: float | None = None  # inclusive lower bound for numbers
+    maximum: float | None = None  # inclusive upper bound for numbers
     canonical: Callable[[Any], Any] | None = None  # validates and returns the canonical value
 
     @property
@@ -43,16 +45,27 @@ class Param:
 def _lora_targets(value: str) -> str:
     names = [t.strip() for t in value.split(",") if t.strip()]
     if not names:
-        raise InvalidValueError(f"no LoRA target modules in {value!r}; e.g. {','.join(DEFAULT_LORA_TARGETS)}")
+        raise InvalidValueError(f"no LoRA target modules in {shown(value)}; e.g. {','.join(DEFAULT_LORA_TARGETS)}")
     return ",".join(names)
 
 
 def _launch_dir(value: str) -> str:
-    """The folder, absolute (the notebooks run elsewhere)."""
+    """The folder, absolute (the notebooks run elsewhere); an empty value is refused, not read as the current
+    folder."""
+    if not value.strip():
+        raise InvalidValueError(f"launch_dir {value!r} is empty; give a folder of launch files, or none for no "
+                                "launch files")
     path = Path(value).expanduser()
-    if not path.is_dir():
-        raise InvalidValueError(f"launch_dir {value!r} is not a folder of launch files")
-    return str(path.resolve())
+    try:
+        if path.is_dir():
+            return str(path.resolve())
+    except OSError as err:  # a name too long for the file system
+        raise InvalidValueError(f"launch_dir {shown(value)} cannot be read: {err.strerror or err}") from err
+    raise InvalidValueError(f"launch_dir {shown(value)} is not a folder of launch files")
+
+
+MAX_BATCH = 2**16  # a micro-batch per GPU: past this the traced step's tensors overflow their sizes
+MAX_TOKENS = 2**24  # batch x seq per GPU: 16M tokens, beyond any GPU's memory for any model
 
 
 PARAMETERS: dict[str, Param] = {
@@ -71,7 +84,7 @@ PARAMETERS: dict[str, Param] = {
               "auto = the seed's old one for the seed's case, else new", choices=("auto", *MESSAGE_FORMAT_NAMES)),
         Param("precision", str, "fp16-mixed", "training precision", choices=tuple(p.value for p in Precision)),
         Param("optimizer", str, "adamw", "optimizer", choices=tuple(o.value for o in Optimizer)),
-        Param("batch", int, 1, "micro-batch per GPU", minimum=1),
+        Param("batch", int, 1, "micro-batch per GPU", minimum=1, maximum=MAX_BATCH),
         Param("seq", int, 2048, "sequence length in tokens", minimum=1),
         Param("checkpointing", bool, False, "activation checkpointing in the user's configuration"),
         Param("attention", str, "sdpa", "attention implementation", choices=tuple(a.value for a in Attention)),
@@ -118,7 +131,7 @@ def _convert(param: Param, raw: Any) -> Any:
     if raw is None or (none_word and (param.kind is not str or param.nullable)):
         if param.nullable:
             return None
-        raise InvalidValueError(f"{expects}, got {raw!r}")
+        raise InvalidValueError(f"{expects}, got {shown(raw)}")
     if isinstance(raw, str) and param.kind is not str:
         text = raw.strip().lower()
         try:
@@ -126,17 +139,19 @@ def _convert(param: Param, raw: Any) -> Any:
                 if text not in _TRUE_WORDS + _FALSE_WORDS:
                     raise ValueError(text)
                 return text in _TRUE_WORDS
+            if len(text.lstrip("+-")) > 2 * MAX_INT_DIGITS:  # int() of 5,000 digits: Python's own limit, slowly
+                raise ValueError(text)
             return param.kind(text)
         except ValueError as err:
-            raise InvalidValueError(f"{expects}, got {raw!r}") from err
+            raise InvalidValueError(f"{expects}, got {shown(raw)}") from err
     if param.kind is str and isinstance(raw, int | float) and not isinstance(raw, bool):
         return str(raw)  # a YAML number where a name or size is expected: judged as the same text given by -p
     if isinstance(raw, bool) and param.kind is not bool:  # bool is an int subclass: refuse `gpus: true`
-        raise InvalidValueError(f"{expects}, got {raw!r}")
+        raise InvalidValueError(f"{expects}, got {shown(raw)}")
     if param.kind is float and isinstance(raw, int):
         return float(raw)
     if not isinstance(raw, param.kind):
-        raise InvalidValueError(f"{expects}, got {raw!r}")
+        raise InvalidValueError(f"{expects}, got {shown(raw)}")
     return raw
 
 
@@ -146,12 +161,17 @@ def _check(param: Param, value: Any) -> Any:
         return None
     if param.choices is not None and value not in param.choices:
         raise InvalidValueError(
-            f"parameter {param.name!r} must be one of {', '.join(param.choices)}; got {value!r}"
+            f"parameter {param.name!r} must be one of {', '.join(param.choices)}; got {shown(value)}"
         )
     if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidValueError(f"parameter {param.name!r} must be a finite number, got {value!r}")
+        raise InvalidValueError(f"parameter {param.name!r} must be a finite number, got {shown(value)}")
+    if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) >= 10**MAX_INT_DIGITS:
+        raise InvalidValueError(f"parameter {param.name!r} must be a number of at most {MAX_INT_DIGITS} digits, got "
+                                f"{shown(value)}")
     if param.minimum is not None and value < param.minimum:
-        raise InvalidValueError(f"parameter {param.name!r} must be >= {param.minimum:g}, got {value!r}")
+        raise InvalidValueError(f"parameter {param.name!r} must be >= {param.minimum:g}, got {shown(value)}")
+    if param.maximum is not None and value > param.maximum:
+        raise InvalidValueError(f"parameter {param.name!r} must be at most {param.maximum:g}, got {shown(value)}")
     if param.canonical is not None:
         try:
             return param.canonical(value)
@@ -173,6 +193,7 @@ def render_params_help() -> str:
     """The registry as help text (the ``run`` subcommand's epilog): one line per parameter -- name, type (with its
     lower bound), default as ``-p`` accepts it, help and, where the values are a fixed set, the choices."""
     rows = [(p.name, p.kind.__name__ + ("" if p.minimum is None else f" >= {p.minimum:g}")
+             + ("" if p.maximum is None else f", <= {p.maximum:g}")
              + (" or none" if p.nullable else ""), _shown(p.default),
              p.help + (f"; one of {', '.join(p.choices)}" if p.choices else "")) for p in PARAMETERS.values()]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
@@ -188,7 +209,7 @@ def validate_params(raw: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in raw.items():
         param = PARAMETERS.get(key) if isinstance(key, str) else None
         if param is None:
-            raise InvalidValueError(f"unknown parameter {key!r}; accepted: {_accepted()}")
+            raise InvalidValueError(f"unknown parameter {shown(key)}; accepted: {_accepted()}")
         values[key] = _check(param, _convert(param, value))
     params = {name: values.get(name, param.default) for name, param in PARAMETERS.items()}
     _check_together(params)
@@ -205,11 +226,31 @@ def _check_together(params: Mapping[str, Any]) -> None:
             f"{spec.max_position_embeddings}: use a sequence length up to that (or a config.json that allows more)")
     if params["gpus"] > MAX_GPUS_PER_NODE:
         raise InvalidValueError(f"parameter 'gpus' must be at most {MAX_GPUS_PER_NODE}, got {params['gpus']}")
+    if params["batch"] * params["seq"] > MAX_TOKENS:
+        raise InvalidValueError(
+            f"parameters 'batch' {params['batch']} x 'seq' {params['seq']} make {params['batch'] * params['seq']:,} "
+            f"tokens per GPU; at most {MAX_TOKENS:,} are accepted: lower batch or seq")
+    _check_non_pytorch(params)
     if params["lora_rank"] > spec.hidden_size:
         raise InvalidValueError(
             f"parameter 'lora_rank' {params['lora_rank']} exceeds {spec.name}'s hidden size {spec.hidden_size}: use "
             f"a rank from 1 to {spec.hidden_size}")
     _check_launch(params)
+
+
+def _check_non_pytorch(params: Mapping[str, Any]) -> None:
+    """Memory held outside PyTorch must leave the GPU some: below its total memory, as the reproduction requires
+    (checked here, not 30 seconds into notebook 01)."""
+    mib = params["non_pytorch_mib"]
+    if mib is None:
+        return
+    gpu = load_gpu(params["gpu"])
+    total_mib = gpu.total_memory_bytes / MiB
+    if not mib < total_mib:
+        raise InvalidValueError(
+            f"parameter 'non_pytorch_mib' {mib:g} MiB is not below the total memory of gpu {gpu.name!r}, "
+            f"{total_mib:.2f} MiB ({format_size(gpu.total_memory_bytes)}): give less than {total_mib:.2f}, or none "
+            "for the measured/default figure")
 
 
 def _check_launch(params: Mapping[str, Any]) -> None:
@@ -221,29 +262,31 @@ def _check_launch(params: Mapping[str, Any]) -> None:
     try:
         user_launch(params, {name: p.default for name, p in PARAMETERS.items()})
     except OomlabError as err:
-        where = f"launch_dir {params['launch_dir']!r}" if params.get("launch_dir") else "the user's setup"
+        where = f"launch_dir {shown(params['launch_dir'])}" if params.get("launch_dir") else "the user's setup"
         raise InvalidValueError(f"{where}: {err}") from err
 
 
 def _read_params_file(params_file: str | os.PathLike[str]) -> dict[Any, Any]:
+    """The YAML mapping of a params file, read within :mod:`oomlab.core.user_input`'s bounds: a regular file of a
+    few MiB, UTF-8, no YAML aliases (a 316-byte alias bomb expanded to a 35.8 MB message), nesting bounded."""
     import yaml
 
     path = Path(params_file)
+    name = shown(str(path))
+    if not (path.exists() or path.is_symlink()):
+        raise InvalidValueError(f"params file {name} does not exist")
+    text = read_user_text(path, "params file")
     try:
-        text = path.read_text()
-    except FileNotFoundError as err:
-        raise InvalidValueError(f"params file {str(path)!r} does not exist") from err
-    except OSError as err:
-        raise InvalidValueError(f"params file {str(path)!r} cannot be read: {err.strerror}") from err
-    try:
-        loaded = yaml.safe_load(text)
+        loaded = load_user_yaml(text)
     except yaml.YAMLError as err:
-        raise InvalidValueError(f"params file {str(path)!r} is not valid YAML: {err}") from err
+        detail = str(err)
+        detail = detail if len(detail) <= 4 * SHOWN_CHARS else detail[:4 * SHOWN_CHARS] + "…"
+        raise InvalidValueError(f"params file {name} is not valid YAML: {detail}") from err
     if loaded is None:  # an empty file: no overrides
         return {}
     if not isinstance(loaded, dict):
         raise InvalidValueError(
-            f"params file {str(path)!r} must be a mapping of parameter: value, got {type(loaded).__name__};"
+            f"params file {name} must be a mapping of parameter: value, got {type(loaded).__name__};"
             f" accepted: {_accepted()}"
         )
     return loaded
@@ -258,7 +301,7 @@ def parse_params(
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise InvalidValueError(
-                f"malformed parameter {pair!r}: expected key=value; accepted: {_accepted()}"
+                f"malformed parameter {shown(pair)}: expected key=value; accepted: {_accepted()}"
             )
         raw[key.strip()] = value.strip()
     return validate_params(raw)
