@@ -1,9 +1,13 @@
 """python -m oomlab: output, JSON fields, and exit code 2 for bad input before any work."""
 
+import io
 import json
+import os
 import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -224,3 +228,87 @@ def test_plan_any_gpu_bad_input(argv: list[str], message: str, capsys) -> None:
     code, err = run_refused(argv, capsys, "oomlab.remedies.hardware.search_hardware")
     assert code == 2
     assert message in err
+
+
+# ------------------------------------------------------------------------------------ absurd input (issue 20)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_explain_file_device_refused_at_once(capsys) -> None:
+    """`explain --file /dev/zero` is refused before any read (a MemoryError after reading without bound before)."""
+    start = time.perf_counter()
+    assert main(["explain", "--file", "/dev/zero"]) == 2
+    assert "--file '/dev/zero' is a character device; give a regular file" in capsys.readouterr().err
+    assert time.perf_counter() - start < 5
+
+
+def test_explain_stdin_bounded(monkeypatch, capsys) -> None:
+    """Standard input is read up to a bound, then refused (`cat /dev/zero | oomlab explain` read forever before)."""
+    monkeypatch.setattr("oomlab.explanation.message.MAX_INPUT_BYTES", 1000)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\0" * 5000)))
+    assert main(["explain"]) == 2
+    assert "standard input has more than 1,000 bytes; at most 1,000 are read" in capsys.readouterr().err
+
+
+def test_explain_stdin_not_utf8(monkeypatch, capsys) -> None:
+    """Standard input in another encoding (PowerShell's UTF-16 log) is refused naming the byte."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("CUDA out of memory".encode("utf-16"))))
+    assert main(["explain", "-"]) == 2
+    assert "standard input is not UTF-8 text (byte 0xff at offset 0); save it as UTF-8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["budget", "--gpu", "../models/llama-13b"], "GPU '../models/llama-13b' is not a GPU name: a GPU is named by "
+         "one of oomlab's specs, never by a path; known: a100-40gb"),
+        (["plan", "--host-ram", "9" * 400 + "GiB"], "a number of at most 30 digits (before and after the point)"),
+        (["plan", "--host-ram", "2000TiB"], "must be at most 1048576.00 GiB (1 PiB)"),
+        (["explain", "CUDA out of memory. Tried to allocate banana MiB (GPU x; total capacity;"],
+         "error: an out-of-memory message with no readable figure: where sizes should stand it has tried "
+         "'banana MiB'"),
+    ],
+    ids=["gpu-path", "host-ram-digits", "host-ram-huge", "explain-garbled"],
+)
+def test_absurd_values_exit_2(argv: list[str], message: str, capsys) -> None:
+    """Each absurd value exits 2 naming it and what is accepted (a traceback, or exit 0, before)."""
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(argv))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err) < 2000
+
+
+def test_plan_prices_folder_exits_2(tmp_path, capsys) -> None:
+    """`plan --any-gpu --prices FOLDER` is refused naming the folder (an IsADirectoryError traceback before)."""
+    code, err = run_refused(["plan", "--any-gpu", "--prices", str(tmp_path)], capsys,
+                            "oomlab.remedies.hardware.search_hardware")
+    assert code == 2 and f"price table {str(tmp_path)!r} is a folder; give a regular file" in err
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "expected"),
+    [
+        ({"PYTHONIOENCODING": "ascii"}, ["explain", "CUDA out of memory. Tried to allocate 50.00 MiB (GPU 0; 14.75 GiB "
+          "total capacity; 14.16 GiB already allocated; 40.81 MiB free; 14.16 GiB reserved in total by PyTorch)"],
+         "[52,423,558 - 52,434,042 bytes]"),  # an en dash in UTF-8
+        ({"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}, ["plan", "--model", "qwen2.5-0.5b", "--top", "2"],
+         "DDP * full fine-tuning * fp16-mixed * adamw"),  # middle dots
+    ],
+    ids=["pythonioencoding-ascii", "lc-all-c"],
+)
+def test_ascii_terminal_gets_ascii(env: dict[str, str], argv: list[str], expected: str) -> None:
+    """Under an ASCII terminal encoding oomlab prints x, ->, - ... for its symbols (a UnicodeEncodeError before)."""
+    proc = subprocess.run([sys.executable, "-m", "oomlab", *argv], capture_output=True, timeout=300,
+                          env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr.decode("ascii", "replace")[-2000:]
+    out = proc.stdout.decode("ascii")  # pure ASCII
+    assert expected in out and "Traceback" not in proc.stderr.decode("ascii", "replace")
+
+
+def test_ascii_terminal_error_with_user_text() -> None:
+    """A user's own non-ASCII text in an error message prints as '?' on an ASCII terminal, still exit 2."""
+    proc = subprocess.run([sys.executable, "-m", "oomlab", "budget", "--gpu", "é/x"], capture_output=True,
+                          timeout=300, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 2
+    assert "error: GPU '?/x' is not a GPU name" in proc.stderr.decode("ascii")

@@ -322,15 +322,14 @@ def _read_explain_input(args: argparse.Namespace) -> str:
     if args.file is not None and args.text is not None:
         raise InvalidValueError(
             f"give the message as TEXT or --file, not both (got TEXT and --file {str(args.file)!r})")
+    from oomlab.core.user_input import read_stream_text, read_user_text
+    from oomlab.explanation.message import MAX_INPUT_BYTES
+
+    # bounded: a regular file (never /dev/zero or a FIFO) or standard input of at most MAX_INPUT_BYTES, UTF-8
     if args.file is not None:
-        try:
-            return args.file.read_bytes().decode("utf-8", errors="replace")
-        except OSError as err:
-            raise InvalidValueError(f"cannot read --file {str(args.file)!r}: {err.strerror or err}") from err
+        return read_user_text(args.file, "--file", max_bytes=MAX_INPUT_BYTES)
     if args.text is None or args.text == "-":
-        stream = getattr(sys.stdin, "buffer", sys.stdin)
-        data = stream.read() if stream is not None else ""
-        return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+        return read_stream_text(sys.stdin, "standard input", max_bytes=MAX_INPUT_BYTES)
     return args.text
 
 
@@ -436,7 +435,55 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+# What oomlab prints beyond ASCII, in ASCII: used when the terminal's encoding cannot say it (PYTHONIOENCODING=ascii,
+# LC_ALL=C without UTF-8 mode); anything else (a user's own text) becomes "?"
+ASCII_FALLBACK = str.maketrans({
+    "×": "x", "→": "->", "−": "-", "–": "-", "—": "--", "…": "...", "·": "*", "≥": ">=", "≤": "<=", "≈": "~",
+    "±": "+/-", "≠": "!=", "µ": "u", "’": "'", "‘": "'", "“": '"', "”": '"', "\u00a0": " ", "│": "|", "┃": "|",
+    "─": "-", "╰": "+", "╯": "+", "❱": ">", "◀": "<", "✓": "ok",
+})
+
+
+class _AsciiFallback:
+    """A text stream that writes through :data:`ASCII_FALLBACK` (the rest replaced) to one whose encoding lacks them."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(text.translate(ASCII_FALLBACK))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _speaks_oomlab(stream: Any) -> bool:
+    """Can ``stream`` encode every character oomlab prints?"""
+    try:
+        "".join(map(chr, ASCII_FALLBACK)).encode(getattr(stream, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """:func:`run_cli` with standard output and error made safe for the terminal's encoding: ``×`` prints as ``x``,
+    ``→`` as ``->`` where the encoding lacks them (no UnicodeEncodeError under ``PYTHONIOENCODING=ascii``)."""
+    saved = sys.stdout, sys.stderr
+    for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+        if stream is not None and not _speaks_oomlab(stream):
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="replace")  # the last resort: a user's own text the table lacks
+            setattr(sys, name, _AsciiFallback(stream))
+    try:
+        return run_cli(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def run_cli(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run its command: 0, 2 for bad input (:class:`OomlabError`), 1 for a failed run."""
     parser = build_parser()
     args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else argv))
     handlers: dict[str, Any] = {"reproduce": _cmd_reproduce, "explain": _cmd_explain, "budget": _cmd_budget,

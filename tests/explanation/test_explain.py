@@ -211,12 +211,45 @@ def _fixture(part: str) -> str:
 
 
 def test_unreadable_request_is_named_not_cut_off() -> None:
-    """'Tried to allocate banana MiB': the verdict names the figure as unreadable and never says 'cut off'."""
-    result = explain("CUDA out of memory. Tried to allocate banana MiB")
+    """'Tried to allocate banana MiB' before readable figures: the verdict names the figure as unreadable and never
+    says 'cut off'."""
+    result = explain("CUDA out of memory. Tried to allocate banana MiB (GPU 0; 14.75 GiB total capacity; 14.16 GiB "
+                     "already allocated; 40.81 MiB free; 14.16 GiB reserved in total by PyTorch)")
     assert ("The 'Tried to allocate' figure reads 'banana MiB', which is unreadable: not a size as torch prints it "
             "(a number with two decimals and bytes, KiB, MiB or GiB)") in result.verdict
     assert "cut off" not in result.verdict
-    assert [a.code for a in result.anomalies] == [AnomalyCode.UNREADABLE]
+    assert AnomalyCode.UNREADABLE in [a.code for a in result.anomalies]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # exited 0 before, while a bare "CUDA out of memory." exited 2: one rule now
+        ("CUDA out of memory. Tried to allocate banana MiB (GPU x; total capacity;",
+         "an out-of-memory message with no readable figure: where sizes should stand it has tried 'banana MiB'; "
+         "expected sizes as torch prints them ('136.00 MiB', '14.75 GiB') after 'Tried to allocate'"),
+        ("CUDA out of memory. Tried to allocate banana MiB", "with no readable figure: where sizes should stand it "
+         "has tried 'banana MiB'"),
+        ("DefaultCPUAllocator: not enough memory: you tried to allocate many bytes.", "it has tried 'many bytes'"),
+        ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allo",
+         "an out-of-memory message cut off before its first figure ('CUDA out of memory. Tried to allo'); expected"),
+        ("CUDA out of memory. Tried to allocate 136.0", "cut off before its first figure"),  # cut inside the number
+        ("CUDA out of memory.", "a bare 'CUDA out of memory.' with no figures"),  # the same rule, said by the parser
+    ],
+    ids=["garbled", "banana-alone", "cpu-garbled", "cut-words", "cut-number", "bare"],
+)
+def test_message_without_a_readable_figure_is_refused(text: str, message: str) -> None:
+    """A message from which no figure can be read -- bare, cut before its first figure or garbled -- is refused with
+    NotAnOomMessageError (the CLI's exit 2) naming what stands there and what was expected."""
+    with pytest.raises(NotAnOomMessageError) as info:
+        explain(text)
+    assert message in str(info.value)
+
+
+def test_one_readable_figure_is_enough() -> None:
+    """A message cut after its request still has a figure: explained, said to be cut off."""
+    result = explain("CUDA out of memory. Tried to allocate 20.00 MiB")
+    assert result.message.tried.text == "20.00 MiB" and "cut off" in result.verdict
 
 
 def test_unreadable_figure_leaves_the_others_read() -> None:
@@ -436,7 +469,7 @@ def test_cli_reads_stdin() -> None:
         (["explain", "--model", "llama-14b", "x"], "unknown model 'llama-14b'; known: falcon-7b, gemma-2-27b"),
         (["explain", "--gpu", "h9000", "x"], "unknown GPU 'h9000'; known: a100-40gb"),
         (["explain", "--dtype", "float8", "x"], "unknown dtype 'float8'"),
-        (["explain", "--file", "/nonexistent/oom.txt"], "cannot read --file '/nonexistent/oom.txt'"),
+        (["explain", "--file", "/nonexistent/oom.txt"], "--file '/nonexistent/oom.txt': file not found"),
         (["explain", "x", "--file", "y"], "give the message as TEXT or --file, not both"),
         # the issue's bare message: the first words of the error and nothing else
         (["explain", "CUDA out of memory."], "python -m oomlab explain: error: a bare 'CUDA out of memory.' with no "

@@ -38,7 +38,7 @@ from oomlab.explanation.backend import Backend
 from oomlab.explanation.candidates import Candidate, tensor_candidates, walk_position
 from oomlab.explanation.findings import Findings
 from oomlab.explanation.frames import parse_traceback
-from oomlab.explanation.message import OomMessage, parse_oom_message
+from oomlab.explanation.message import OomMessage, parse_oom_message, require_figure
 from oomlab.explanation.next_step import next_step
 from oomlab.explanation.phase import PhaseCode, detect_phase
 from oomlab.explanation.printed import PrintedSize, interval_sub
@@ -78,7 +78,9 @@ def explain(
     """Decode the out-of-memory message in ``text`` and say what it supports.
 
     Raises :class:`NotAnOomMessageError` (an :class:`~oomlab.core.errors.OomlabError`) when ``text`` holds none, or
-    only a bare ``CUDA out of memory.`` without figures, and ``UnknownNameError`` for an unknown model, GPU or
+    one from which no figure can be read: a bare ``CUDA out of memory.``, a message cut off before its first figure,
+    or a garbled one (``Tried to allocate banana MiB (GPU x; total capacity;``) -- one rule, :func:`require_figure`
+    -- and ``UnknownNameError`` for an unknown model, GPU or
     dtype, and ``InvalidValueError`` for a ``gpus`` that is not a whole number ≥ 1 — all checked before any work.
     ``gpus`` (GPUs per node, which no message states) only fills in the next step's command.
     """
@@ -87,7 +89,7 @@ def explain(
     dt = load_dtype(dtype).name if dtype is not None else None
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
         raise InvalidValueError(f"invalid gpus {gpus!r}; expected a whole number of GPUs >= 1, or None when unknown")
-    msg = parse_oom_message(text)
+    msg = require_figure(parse_oom_message(text))
     frames, sources = parse_traceback(text)
 
     reserved = msg.reserved_low_high

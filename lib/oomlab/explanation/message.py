@@ -42,10 +42,12 @@ from dataclasses import dataclass, replace
 
 from oomlab.core.choices import MessageFormat
 from oomlab.core.errors import NotAnOomMessageError
+from oomlab.core.user_input import shown
 from oomlab.explanation.backend import Backend
 from oomlab.explanation.printed import PrintedSize, exact_size, mps_printed_size, printed_size
 
 MAX_SCAN_CHARS = 4_000_000  # longer inputs: only the tail is scanned
+MAX_INPUT_BYTES = 64 * 2**20  # the most ``explain --file`` / standard input reads: a whole training log, bounded
 WINDOW_CHARS = 3_000  # one message (with its hint) is < 1,000 characters
 MAX_MESSAGES = 64  # at most this many occurrences are decoded; the best one is kept
 
@@ -187,6 +189,15 @@ class OomMessage:
     message: str  # the message as decoded, spacing normalised
     occurrences: int  # OOM messages found in the input (the best-filled one, the last on ties, is decoded)
     scanned_tail: bool  # True when the input exceeded MAX_SCAN_CHARS and only its tail was scanned
+
+    @property
+    def has_figure(self) -> bool:
+        """Does the message give at least one size (the request, a device figure, a process's memory, an MPS
+        figure)?  One without any -- cut before its first figure, or garbled -- has nothing to explain."""
+        mps = self.mps or MpsFigures(None, None, None, None)
+        sizes = (self.tried, self.total, self.free, self.allocated, self.reserved, self.reserved_unallocated,
+                 self.in_use, self.private_pools, self.allowed, mps.allocated, mps.other_allocations, mps.max_allowed)
+        return any(size is not None for size in sizes) or bool(self.processes)
 
     @property
     def reserved_low_high(self) -> tuple[int, int] | None:
@@ -365,7 +376,7 @@ def parse_oom_message(text: str | bytes) -> OomMessage:
     CUDA, HIP and XPU caching-allocator messages, MPS heap-allocator messages and the CPU allocator's.  Raises
     :class:`NotAnOomMessageError` when there is none, or only a bare ``CUDA out of memory.`` with no figures.
     Several messages: the one with the most figures is decoded (the last one on ties).  A message cut off mid-way
-    decodes what is there.
+    decodes what is there, even nothing (:func:`require_figure` refuses that, as ``explain`` does).
     """
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8", errors="replace")
@@ -401,6 +412,28 @@ def _filled(msg: OomMessage) -> int:
     return sum(f is not None for f in (msg.tried, msg.total, msg.free, msg.allocated, msg.reserved,
                                          msg.reserved_unallocated, msg.device_index, mps.allocated,
                                          mps.other_allocations, mps.max_allowed, msg.host)) + (msg.format is not None)
+
+
+def require_figure(msg: OomMessage) -> OomMessage:
+    """``msg`` if it gives at least one size (:attr:`OomMessage.has_figure`); else :class:`NotAnOomMessageError`
+    naming what stands where the sizes should and what was expected.
+
+    One rule with the bare ``CUDA out of memory.`` that :func:`parse_oom_message` refuses: a message from which no
+    figure can be read -- bare, cut off before its first figure, or garbled (``Tried to allocate banana MiB (GPU x;
+    total capacity;``) -- is refused, since nothing in it can be explained.
+    """
+    if msg.has_figure:
+        return msg
+    expected = ("expected sizes as torch prints them ('136.00 MiB', '14.75 GiB') after 'Tried to allocate' and in the "
+                "device's figures (total capacity, free, allocated, reserved); paste the whole message as torch "
+                "printed it, e.g. 'CUDA out of memory. Tried to allocate 136.00 MiB (GPU 0; 14.75 GiB total capacity; "
+                "…)'")
+    if msg.unreadable:
+        found = ", ".join(f"{u.name} {shown(u.text)}" for u in msg.unreadable[:6])
+        raise NotAnOomMessageError(f"an out-of-memory message with no readable figure: where sizes should stand it "
+                                   f"has {found}; {expected}")
+    raise NotAnOomMessageError(f"an out-of-memory message cut off before its first figure "
+                               f"({shown(msg.message)}); {expected}")
 
 
 def _bare_reason(anchor: str) -> str:
