@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--params", type=Path, default=None, help="YAML file of parameters")
     run.add_argument("-p", dest="pairs", action="append", default=[], metavar="KEY=VALUE",
                      help="a parameter (repeatable; overrides --params; the keys are listed below)")
-    run.add_argument("--out", type=Path, default=None, help="output folder (default outputs/)")
+    run.add_argument("--out", default=None, help="output folder (default outputs/)")  # a str: '' is refused
     run.add_argument("--no-progress", action="store_true", help="hide papermill's progress bars under --verbose")
     run.add_argument("--verbose", action="store_true",
                      help="also show the kernels' own output, every cell's output and papermill's progress bars")
@@ -406,12 +406,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from oomlab.core.paths import OUTPUTS_DIR
     from oomlab.pipeline.params import parse_params
-    from oomlab.pipeline.runner import render_notebook_run, run_pipeline
+    from oomlab.pipeline.runner import RunInterrupted, render_notebook_run, run_pipeline
 
     params = parse_params(args.pairs, args.params)
     out = args.out if args.out is not None else OUTPUTS_DIR
-    result = run_pipeline(params, out_dir=out, progress=args.verbose and not args.no_progress, verbose=args.verbose,
-                          on_notebook=lambda run: print(render_notebook_run(run), flush=True))
+    try:
+        result = run_pipeline(params, out_dir=out, progress=args.verbose and not args.no_progress,
+                              verbose=args.verbose, on_notebook=lambda run: print(render_notebook_run(run), flush=True))
+    except RunInterrupted as err:  # Ctrl-C: the runner kept what ran; no traceback
+        partial = "" if err.kept is None else f", partial run in {err.kept}"
+        print(f"interrupted; outputs unchanged{partial}", file=sys.stderr)
+        return 130
     print(f"report: {result.report_path}")
     return 0
 

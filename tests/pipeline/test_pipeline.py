@@ -13,6 +13,7 @@ import pytest
 from oomlab.core.errors import OomlabError, PipelineError
 from oomlab.core.gpus import known_gpus
 from oomlab.core.models import known_models
+from oomlab.pipeline.ownership import manifest_of, write_manifest
 from oomlab.pipeline.params import PARAMETERS, parse_params, render_params_help, validate_params
 from oomlab.pipeline.runner import PipelineResult, notebook_paths, run_pipeline
 from oomlab.report.results import read_results, write_results
@@ -424,6 +425,7 @@ def test_failing_notebook_raises_pipeline_error(tmp_path: Path) -> None:
     make_notebook(notebooks / "02_broken.ipynb", "Broken", ["x = 1", "# divide\n1 / 0\n"])
     (out).mkdir()
     (out / "report.html").write_bytes(b"<html>previous report</html>")
+    write_manifest(out, manifest_of(out, ["report.html"]))  # a previous run's: a run may replace it
     with pytest.raises(PipelineError) as info:
         run_pipeline({}, out_dir=out, notebooks_dir=notebooks, progress=False)
     kept = tmp_path / ".out.failed"
@@ -436,7 +438,7 @@ def test_failing_notebook_raises_pipeline_error(tmp_path: Path) -> None:
     assert not isinstance(info.value, OomlabError)
     assert executed.is_file()
     assert (kept / "logs" / "02_broken.log").is_file()
-    assert [p.name for p in out.iterdir()] == ["report.html"]
+    assert sorted(p.name for p in out.iterdir()) == [".oomlab-run.json", "report.html"]
     assert (out / "report.html").read_bytes() == b"<html>previous report</html>"
 
 
@@ -448,6 +450,7 @@ def test_cell_timeout_raises_pipeline_error(tmp_path: Path) -> None:
     make_notebook(notebooks / "01_slow.ipynb", "Slow", ["import time\ntime.sleep(600)"])
     out.mkdir()
     (out / "report.html").write_bytes(b"old")
+    write_manifest(out, manifest_of(out, ["report.html"]))
     with pytest.raises(PipelineError) as info:
         run_pipeline({}, out_dir=out, notebooks_dir=notebooks, progress=False, cell_timeout=12)
     kept = tmp_path / ".out.failed"
@@ -484,6 +487,7 @@ def test_report_that_would_fetch_fails_the_run(tmp_path: Path) -> None:
     make_notebook(notebooks / "01_remote.ipynb", "Remote", ["md:![plot](https://example.com/p.png)"])
     out.mkdir()
     (out / "report.html").write_bytes(b"old")
+    write_manifest(out, manifest_of(out, ["report.html"]))
     with pytest.raises(PipelineError, match=r"^rendering the report from .*01_remote\.ipynb failed: the report"):
         run_pipeline({}, out_dir=out, notebooks_dir=notebooks, progress=False)
     assert (out / "report.html").read_bytes() == b"old"

@@ -6,15 +6,18 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from oomlab.core.errors import OomlabError, PipelineError
+from oomlab.core.errors import OomlabError, OutputFolderError, PipelineError
 from oomlab.pipeline import runner
+from oomlab.pipeline.ownership import MANIFEST_NAME, manifest_of, write_manifest
 from oomlab.pipeline.runner import NotebookRun, render_notebook_run, run_pipeline
 from tests.pipeline.test_pipeline import make_notebook
 
@@ -160,22 +163,23 @@ def test_swap_that_cannot_be_undone_says_what_to_move(finished: Path, monkeypatc
 
 
 def test_successful_run_replaces_the_run_and_keeps_the_rest(finished: Path) -> None:
-    """A new run replaces notebooks, results, configs and report whole; cache and other files stay in place."""
-    (finished / "results" / "99_stale.json").write_text("{}")
-    (finished / "configs" / "stale.yaml").write_text("old")
+    """A second run replaces notebooks, results, configs and report of the first whole; cache and other files stay
+    in place; its manifest lists what it moved in."""
+    (finished / "results" / "01_configs.json").unlink()  # a file of the run the user deleted: nothing to lose
     cache_inode = (finished / "cache").stat().st_ino
     cache_before = tree(finished / "cache")
     result = run_pipeline({"gpus": 3}, out_dir=finished, notebooks_dir=finished.parent / "notebooks")
     assert sorted(p.name for p in finished.iterdir()) == [
-        "cache", "configs", "notebooks", "report-screenshot.png", "report.html", "results"]
-    assert not (finished / "results" / "99_stale.json").exists()
-    assert not (finished / "configs" / "stale.yaml").exists()
+        ".oomlab-run.json", "cache", "configs", "notebooks", "report-screenshot.png", "report.html", "results"]
     assert json.loads((finished / "results" / "02_story.json").read_text())["gpus"] == 3
     assert (finished / "cache").stat().st_ino == cache_inode and tree(finished / "cache") == cache_before
     assert (finished / "report-screenshot.png").read_bytes() == b"\x89PNG fake"
     assert result.executed_paths == (finished / "notebooks" / "01_configs.ipynb",
                                      finished / "notebooks" / "02_story.ipynb")
     assert beside(finished) == []
+    listed = {f["path"]: f["sha256"] for f in json.loads((finished / MANIFEST_NAME).read_text())["files"]}
+    assert listed == {path: digest for path, digest in tree(finished).items()
+                      if digest is not None and path.split("/")[0] in runner.RUN_ENTRIES}
 
 
 def test_swapped_run_names_the_folder_it_lives_in(finished: Path) -> None:
@@ -238,3 +242,244 @@ def test_cli_run_prints_only_its_own_lines(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     assert lines[-1] == f"report: {out / 'report.html'}"
     assert all(NOTEBOOK_LINE.match(line) for line in lines[:-1]), lines
+
+
+# ------------------------------------------------------------------------------- no run deletes a user's files
+
+USER_FILES = {"notebooks/analysis.ipynb": b'{"cells": []}', "results/important.csv": b"gpu,peak\nt4,14.75\n",
+              "configs/my.yaml": b"model: llama-13b\n"}
+
+
+def no_notebook_may_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_notebook(*args: object) -> None:
+        raise AssertionError("a notebook ran")
+
+    monkeypatch.setattr(runner, "_run_notebook", run_notebook)
+
+
+def refused_before_running(out: Path) -> str:
+    """The refusal's tail for a run stopped before any notebook ran, naming the entry to move."""
+    return "so nothing was run and nothing changed: choose another --out, or move {entry} out of " + str(out)
+
+
+@pytest.mark.parametrize("user_file", [*USER_FILES, "report.html"])
+def test_a_user_s_files_are_refused_before_any_notebook_runs(tmp_path: Path, user_file: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder holding a user's notebooks/, results/, configs/ or report.html (no manifest): refused, unchanged."""
+    out = tmp_path / "out"
+    (out / user_file).parent.mkdir(parents=True, exist_ok=True)
+    (out / user_file).write_bytes(b"mine")
+    before = tree(out)
+    no_notebook_may_run(monkeypatch)
+    with pytest.raises(OutputFolderError) as info:
+        run_pipeline({}, out_dir=out, notebooks_dir=tiny_pipeline(tmp_path / "notebooks"))
+    entry = user_file.split("/")[0] + ("/" if "/" in user_file else "")
+    assert str(info.value) == (
+        f"output folder {out} holds {user_file}, which no oomlab run wrote (no .oomlab-run.json); a run replaces"
+        f" {entry} whole, " + refused_before_running(out).format(entry=entry))
+    assert tree(out) == before and beside(out) == []  # no staging, no lock, no failed run
+
+
+def test_a_user_s_folder_of_all_three_stays_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """notebooks/analysis.ipynb, results/important.csv and configs/my.yaml together: the first one is named."""
+    out = tmp_path / "out"
+    for name, data in USER_FILES.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    no_notebook_may_run(monkeypatch)
+    with pytest.raises(OutputFolderError, match=r" holds notebooks/analysis\.ipynb, which no oomlab run wrote "):
+        run_pipeline({}, out_dir=out, notebooks_dir=tiny_pipeline(tmp_path / "notebooks"))
+    assert {name: (out / name).read_bytes() for name in USER_FILES} == USER_FILES
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "configs", "configs/my.yaml", "notebooks", "notebooks/analysis.ipynb", "results", "results/important.csv"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "named", "why"),
+    [
+        (lambda out: (out / "results" / "01_configs.json").write_text("{}"), "results/01_configs.json",
+         "changed since oomlab wrote it (its SHA-256 differs from .oomlab-run.json's)"),
+        (lambda out: (out / "configs" / "my.yaml").write_text("mine"), "configs/my.yaml",
+         "which the last run did not write (.oomlab-run.json does not list it)"),
+    ],
+)
+def test_a_previous_run_the_user_edited_is_refused(finished: Path, edit, named: str, why: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file of the last run changed, or one added beside it: refused before any notebook runs, unchanged."""
+    edit(finished)
+    before = tree(finished)
+    no_notebook_may_run(monkeypatch)
+    with pytest.raises(OutputFolderError) as info:
+        run_pipeline({}, out_dir=finished, notebooks_dir=finished.parent / "notebooks")
+    entry = named.split("/")[0] + "/"
+    assert str(info.value) == (f"output folder {finished} holds {named}, {why}; a run replaces {entry} whole, "
+                               + refused_before_running(finished).format(entry=entry))
+    assert tree(finished) == before and beside(finished) == []
+
+
+def test_a_file_added_during_the_run_is_refused_at_the_swap(finished: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ownership is checked again before the swap: the user's new file stays, the finished run is kept aside."""
+    before = tree(finished)
+    run_staged = runner._run_staged
+
+    def run_then_user_writes(*args: object, **kwargs: object) -> list[NotebookRun]:
+        runs = run_staged(*args, **kwargs)
+        (finished / "results" / "important.csv").write_text("written while the run ran")
+        return runs
+
+    monkeypatch.setattr(runner, "_run_staged", run_then_user_writes)
+    with pytest.raises(OutputFolderError) as info:
+        run_pipeline({}, out_dir=finished, notebooks_dir=finished.parent / "notebooks")
+    kept = finished.parent / ".out.failed"
+    assert str(info.value) == (
+        f"output folder {finished} holds results/important.csv, which the last run did not write (.oomlab-run.json"
+        " does not list it); a run replaces results/ whole, so the finished run was not moved in: choose another"
+        f" --out, or move results/ out of {finished}; {finished} is left as it was (the finished run is in {kept})")
+    assert tree(finished) == {**before, "results/important.csv": tree(finished)["results/important.csv"]}
+    assert (finished / "results" / "important.csv").read_text() == "written while the run ran"
+    assert (kept / "report.html").is_file() and (kept / MANIFEST_NAME).is_file()
+    assert beside(finished) == [".out.failed"]
+
+
+def test_a_held_lock_refuses_a_second_run_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While another run holds the folder's lock, a run is refused naming the lock and its pid."""
+    out = tmp_path / "out"
+    no_notebook_may_run(monkeypatch)
+    with runner.out_dir_lock(out), pytest.raises(OutputFolderError) as info:
+        run_pipeline({}, out_dir=out, notebooks_dir=tiny_pipeline(tmp_path / "notebooks"))
+    assert str(info.value) == (
+        f"another oomlab run (pid {os.getpid()}) is writing to {out}: it holds the lock {tmp_path / '.out.lock'};"
+        " nothing was run and nothing changed: wait for it to finish, or choose another --out")
+    assert not out.exists() and beside(out) == []
+
+
+@pytest.mark.parametrize(
+    ("out_dir", "message"),
+    [
+        ("", "output folder '' is empty; give a folder path: a new folder, or one holding an earlier oomlab run"
+             " (default outputs/)"),
+        ("/proc/oomlab-test/out", "cannot write the output folder /proc/oomlab-test/out (No such file or directory:"
+                                  " /proc/oomlab-test); nothing was run and nothing changed: choose another --out, a"
+                                  " folder on a filesystem you can write"),
+        ("/", "output folder '/' is a filesystem root; give a folder inside it"),
+    ],
+)
+def test_an_output_folder_that_cannot_be_one_is_refused(tmp_path: Path, out_dir: str, message: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty path (the current folder by accident), a folder under /proc, a filesystem root."""
+    no_notebook_may_run(monkeypatch)
+    with pytest.raises(OutputFolderError) as info:
+        run_pipeline({}, out_dir=out_dir, notebooks_dir=tiny_pipeline(tmp_path / "notebooks"))
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("statvfs", "reason"),
+    [
+        ({"f_flag": os.ST_RDONLY, "f_bavail": 100}, "Read-only file system"),
+        ({"f_flag": 0, "f_bavail": 0}, "No space left on device"),
+    ],
+)
+def test_a_read_only_or_full_filesystem_is_refused_before_running(tmp_path: Path, statvfs: dict[str, int],
+                                                                  reason: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked before any notebook runs: the previous run stays as it was."""
+    out = tmp_path / "out"
+    (out / "results").mkdir(parents=True)
+    (out / "results" / "01_configs.json").write_text("{}")
+    write_manifest(out, manifest_of(out, runner.RUN_ENTRIES))  # a previous run's, which a run may replace
+    before = tree(out)
+    no_notebook_may_run(monkeypatch)
+    monkeypatch.setattr(runner.os, "statvfs", lambda path: type("StatVfs", (), statvfs)())
+    with pytest.raises(OutputFolderError) as info:
+        run_pipeline({}, out_dir=out, notebooks_dir=tiny_pipeline(tmp_path / "notebooks"))
+    assert str(info.value) == (
+        f"cannot write the output folder {out} ({reason}: {tmp_path}); nothing was run and nothing changed: choose"
+        " another --out, a folder on a filesystem you can write")
+    assert tree(out) == before and beside(out) == []
+
+
+def test_a_disk_filling_up_during_the_run_leaves_out_dir_as_it_was(finished: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """No space left while writing the run: a PipelineError (exit 1) saying out_dir is left as it was."""
+    before = tree(finished)
+
+    def full(folder: Path, manifest: object) -> Path:
+        raise OSError(28, "No space left on device", str(folder / MANIFEST_NAME))
+
+    monkeypatch.setattr(runner, "write_manifest", full)
+    with pytest.raises(PipelineError) as info:
+        run_pipeline({}, out_dir=finished, notebooks_dir=finished.parent / "notebooks")
+    kept = finished.parent / ".out.failed"
+    assert str(info.value) == (
+        f"writing the run failed (No space left on device: {kept / MANIFEST_NAME}); {finished} is left as it was"
+        f" (the failed run is in {kept}, each kernel's own output under logs/)")
+    assert tree(finished) == before and beside(finished) == [".out.failed"]
+
+
+def test_ctrl_c_keeps_the_partial_run_and_out_dir(finished: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupt in the second notebook: RunInterrupted naming the kept partial run; out_dir as it was."""
+    before = tree(finished)
+    run_notebook = runner._run_notebook
+
+    def interrupted(notebook: Path, *args: object) -> None:
+        if notebook.name.startswith("02_"):
+            raise KeyboardInterrupt
+        run_notebook(notebook, *args)
+
+    monkeypatch.setattr(runner, "_run_notebook", interrupted)
+    with pytest.raises(runner.RunInterrupted) as info:
+        run_pipeline({}, out_dir=finished, notebooks_dir=finished.parent / "notebooks")
+    kept = finished.parent / ".out.failed"
+    assert info.value.kept == kept and (kept / "notebooks" / "01_configs.ipynb").is_file()
+    assert tree(finished) == before and beside(finished) == [".out.failed"]
+
+
+# -------------------------------------------------------------------------------------------- the CLI's words
+
+
+def cli_run(root: Path, *args: str, **popen: object) -> subprocess.Popen:
+    """``python -m oomlab run --no-progress ARGS`` with the notebooks under ``root`` (started, not awaited)."""
+    env = {**os.environ, "OOMLAB_ROOT": str(root)}
+    return subprocess.Popen([sys.executable, "-m", "oomlab", "run", "--no-progress", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_cli_refusals_exit_2_in_one_line(tmp_path: Path) -> None:
+    """An empty --out, a folder under /proc, a user's folder, a held lock: exit 2, one line, no traceback."""
+    root = tmp_path / "root"
+    root.mkdir()
+    tiny_pipeline(root / "notebooks")
+    users = tmp_path / "users"
+    (users / "notebooks").mkdir(parents=True)
+    (users / "notebooks" / "analysis.ipynb").write_text("{}")
+    locked = tmp_path / "locked"
+    cases = {"": "output folder '' is empty; give a folder path",
+             "/proc/oomlab-test/out": "cannot write the output folder /proc/oomlab-test/out (No such file or",
+             str(users): f"output folder {users} holds notebooks/analysis.ipynb, which no oomlab run wrote",
+             str(locked): f"another oomlab run (pid {os.getpid()}) is writing to {locked}: it holds the lock"
+                          f" {tmp_path / '.locked.lock'}; "}
+    with runner.out_dir_lock(locked):
+        for out, start in cases.items():
+            with cli_run(root, "--out", out) as proc:
+                stdout, stderr = proc.communicate(timeout=120)
+            assert (proc.returncode, stdout) == (2, ""), stderr
+            assert stderr.startswith(f"python -m oomlab run: error: {start}") and stderr.count("\n") == 1, stderr
+    assert (users / "notebooks" / "analysis.ipynb").read_text() == "{}"
+
+
+def test_cli_ctrl_c_says_where_the_partial_run_is(tmp_path: Path) -> None:
+    """SIGINT to the whole process group (a terminal's Ctrl-C) in the second notebook: exactly one line on stderr,
+    exit 130, no traceback, out_dir never created."""
+    root, out = tmp_path / "root", tmp_path / "out"
+    (root / "notebooks").mkdir(parents=True)
+    make_notebook(root / "notebooks" / "01_fast.ipynb", "Fast", [])
+    make_notebook(root / "notebooks" / "02_slow.ipynb", "Slow", ["import time\ntime.sleep(300)"])
+    with cli_run(root, "--out", str(out), start_new_session=True) as proc:
+        assert proc.stdout.readline().startswith("01_fast.ipynb ")
+        time.sleep(3)  # into the second notebook's kernel start or its sleeping cell
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    assert (proc.returncode, stdout) == (130, "")
+    assert stderr == f"interrupted; outputs unchanged, partial run in {tmp_path / '.out.failed'}\n"
+    assert not out.exists() and beside(out) == [".out.failed"]

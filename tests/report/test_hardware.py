@@ -59,7 +59,7 @@ def test_the_report_rebuilds_the_search(data) -> None:
             del o["remedy"]["step_time"]  # not read back: the display needs none of it
     assert again == stored
     assert rh.hardware_rows(data, compact=False) == hardware_rows(search, compact=False)
-    assert rh.winners(data) == winners(replace(search, seconds=data["seconds"]))  # the fixture's own search time
+    assert rh.winners(data) == winners(replace(search, seconds=None))  # the results JSON keeps no timing
 
 
 def test_an_unpriced_row_says_so_in_every_view(data) -> None:
@@ -73,11 +73,11 @@ def test_an_unpriced_row_says_so_in_every_view(data) -> None:
 
 
 def test_winners_sentence(data) -> None:
-    """The three winners, the search time and the price source, in one paragraph."""
+    """The three winners and the price source, in one paragraph (no search time: the results keep none)."""
     text = rh.winners(data)
     for title in ("**cheapest per token**", "**fastest**", "**fewest GPUs**"):
         assert title in text
-    assert f"searched in {data['seconds']:.2f} s" in text and "list prices" in text
+    assert "searched in" not in text and "list prices" in text
     assert data["fastest"] in text
     assert "$" not in text  # Jupyter's Markdown would read a pair of dollars as math
 

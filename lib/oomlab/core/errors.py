@@ -39,6 +39,11 @@ class LaunchConflictError(InvalidValueError):
     """Two of the user's files or flags say different things about the same field."""
 
 
+class OutputFolderError(InvalidValueError):
+    """An output folder a run may not write: it holds files no oomlab run wrote, another run holds its lock, or it
+    cannot be created or written."""
+
+
 class NotAnOomMessageError(OomlabError):
     """The input holds no CUDA out-of-memory message of PyTorch's caching allocator."""
 

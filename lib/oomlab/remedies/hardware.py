@@ -135,7 +135,9 @@ class HardwareSearch:
     options: tuple[HardwareOption, ...]  # GPU types as given (default: name order), then nodes, then GPUs per node
     prices_source: str
     assumptions: tuple[str, ...]
-    seconds: float = field(default=0.0, compare=False)  # wall time of the search
+    # wall time of the search; None when rebuilt from JSON: a timing is not a result (two identical runs write
+    # identical results), so :meth:`to_dict` leaves it out
+    seconds: float | None = field(default=None, compare=False)
 
     @property
     def fitting(self) -> tuple[HardwareOption, ...]:
@@ -177,15 +179,14 @@ class HardwareSearch:
                 "lora_rank": self.lora_rank, "options": [o.to_dict() for o in self.options],
                 "cheapest": label(self.cheapest), "fastest": label(self.fastest),
                 "fewest_gpus": label(self.fewest_gpus), "pareto": [o.label for o in self.pareto],
-                "prices_source": self.prices_source, "assumptions": list(self.assumptions), "seconds": self.seconds}
+                "prices_source": self.prices_source, "assumptions": list(self.assumptions)}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> HardwareSearch:
         """The inverse of :meth:`to_dict` (the rankings are recomputed from the rows, as the properties they are)."""
         return cls(model=raw["model"], methods=tuple(Method(m) for m in raw["methods"]), seq=int(raw["seq"]),
                    lora_rank=int(raw["lora_rank"]), options=tuple(HardwareOption.from_dict(o) for o in raw["options"]),
-                   prices_source=raw["prices_source"], assumptions=tuple(raw["assumptions"]),
-                   seconds=float(raw["seconds"]))
+                   prices_source=raw["prices_source"], assumptions=tuple(raw["assumptions"]))
 
 
 def _dominates(p: HardwareOption, o: HardwareOption) -> bool:

@@ -80,9 +80,15 @@ def _counts(search: HardwareSearch) -> list[int]:
     return sorted({o.gpus for o in search.options if o.nodes == 1})
 
 
+def searched_in(search: HardwareSearch, sep: str) -> str:
+    """``sep`` and ``"searched in 0.42 s"`` for a search timed here; ``""`` for one rebuilt from its results JSON,
+    which keeps no timing (two identical runs write identical results)."""
+    return "" if search.seconds is None else f"{sep}searched in {search.seconds:.2f} s"
+
+
 def winners(search: HardwareSearch) -> str:
-    """The three rankings' winners and the search time, as Markdown (user text escaped, the dollar sign as an HTML
-    entity: Jupyter's and nbconvert's Markdown read a pair of "$" as math)."""
+    """The three rankings' winners and the search time (when known: :func:`searched_in`), as Markdown (user text
+    escaped, the dollar sign as an HTML entity: Jupyter's and nbconvert's Markdown read a pair of "$" as math)."""
     methods = "/".join(m.value for m in search.methods)
     parts = []
     for key, title in RANKINGS:
@@ -90,15 +96,16 @@ def winners(search: HardwareSearch) -> str:
         said = "nothing fits" if o is None else winner_text(o, html.escape, MARKDOWN_DOLLAR)
         parts.append(f"**{title}**: {said}")
     return (f"Every GPU type oomlab knows × {', '.join(str(n) for n in _counts(search))} GPUs, the plan's best "
-            f"{html.escape(methods)} remedy on each: {len(search.fitting)} of {len(search.options)} fit, searched in "
-            f"{search.seconds:.2f} s. " + "; ".join(parts) + ". Prices: " + html.escape(search.prices_source) + ".")
+            f"{html.escape(methods)} remedy on each: {len(search.fitting)} of {len(search.options)} fit"
+            f"{searched_in(search, ', ')}. " + "; ".join(parts) + ". Prices: " + html.escape(search.prices_source)
+            + ".")
 
 
 def render_search(search: HardwareSearch) -> str:
     """The search as text (the CLI's): the three rankings' winners, the pareto front, then one line per row."""
     methods = "/".join(m.value for m in search.methods)
     lines = [f"which GPUs would train {search.model} ({methods}, seq {search.seq}): {len(search.options)} rows, "
-             f"{len(search.fitting)} fit; searched in {search.seconds:.2f} s"]
+             f"{len(search.fitting)} fit{searched_in(search, '; ')}"]
     for key, title in RANKINGS:
         o = winner(search, key)
         lines.append(f"  {title:<19} " + ("nothing fits" if o is None else winner_text(o)))
