@@ -312,3 +312,12 @@ def test_ascii_terminal_error_with_user_text() -> None:
                           timeout=300, env={**os.environ, "PYTHONIOENCODING": "ascii"})
     assert proc.returncode == 2
     assert "error: GPU '?/x' is not a GPU name" in proc.stderr.decode("ascii")
+
+
+def test_write_configs_onto_a_file_exits_2_before_the_plan(tmp_path, capsys) -> None:
+    """`plan --write-configs FILE` is refused naming the file, before any planning; the file is unchanged."""
+    target = tmp_path / "train.py"
+    target.write_text("mine")
+    code, err = run_refused(["plan", "--write-configs", str(target)], capsys, "oomlab.remedies.plan.make_plan")
+    assert code == 2 and f"launch folder {str(target)!r} is an existing file, not a folder" in err
+    assert target.read_text() == "mine"

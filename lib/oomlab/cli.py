@@ -383,6 +383,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if value is not None:
             raise InvalidValueError(f"{flag} applies to plan --any-gpu only (got {flag} {value}); the plan of one "
                                     "GPU type ranks every method")
+    if args.write_configs is not None:  # an existing file is refused before the plan (its contents need the plan)
+        from oomlab.remedies.launch_dir import check_destination
+
+        check_destination(args.write_configs, {})
 
     plan = make_plan(model=args.model, gpu=args.gpu, gpus=args.gpus, nodes=args.nodes, host_ram=args.host_ram,
                      seq=args.seq, batch=args.batch, precision=args.precision, optimizer=args.optimizer,

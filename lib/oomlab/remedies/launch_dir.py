@@ -12,10 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from oomlab.core.choices import Method, Route, Strategy
+from oomlab.core.errors import InvalidValueError
 from oomlab.core.files import write_text_atomic
 from oomlab.core.models import load_model
 from oomlab.core.paths import TEMPLATES_DIR
 from oomlab.core.setup import TrainingSetup
+from oomlab.core.user_input import shown
 from oomlab.remedies import deepspeed_configs
 from oomlab.remedies.deepspeed_configs import ACCELERATE_MIXED_PRECISION, train_args
 from oomlab.remedies.launch_files import (
@@ -99,19 +101,62 @@ def train_script(model_id: str) -> str:
     return text.replace(DEFAULT_MODEL_LINE, f"DEFAULT_MODEL = {json.dumps(model_id)}")
 
 
-def write_deepspeed_files(out_dir: str | os.PathLike[str], setup: TrainingSetup) -> dict[str, Path]:
-    """Write the DeepSpeed JSON of a ZeRO ``setup`` (``batch``: the micro-batch launched) and the accelerate config
-    that uses it into ``out_dir`` (atomically); return ``{file name: path}``."""
+def deepspeed_texts(setup: TrainingSetup) -> dict[str, str]:
+    """``{file name: text}`` of a ZeRO ``setup``'s DeepSpeed JSON (``batch``: the micro-batch launched) and the
+    accelerate config that uses it."""
     import yaml
 
     json_name, yaml_name = deepspeed_configs.file_names(setup)
+    return {json_name: json.dumps(deepspeed_configs.deepspeed_json(setup), indent=2) + "\n",
+            yaml_name: yaml.safe_dump(deepspeed_configs.accelerate_deepspeed_config(setup), sort_keys=False)}
+
+
+def write_deepspeed_files(out_dir: str | os.PathLike[str], setup: TrainingSetup) -> dict[str, Path]:
+    """Write the DeepSpeed JSON of a ZeRO ``setup`` and the accelerate config that uses it into ``out_dir``
+    (atomically, never over a file oomlab did not write: :func:`check_destination`); return ``{file name: path}``."""
+    return _write_all(Path(out_dir), deepspeed_texts(setup))
+
+
+def check_destination(out_dir: str | os.PathLike[str], files: dict[str, str]) -> None:
+    """Refuse to write ``files`` (``{name: text}``) into ``out_dir`` when that would overwrite what oomlab did not
+    write: ``out_dir`` an existing file (not a folder), or a folder holding a file of one of these names whose bytes
+    differ from what oomlab would write (a byte-identical one is left as it is).  Nothing is written before this
+    check, so a refusal changes nothing."""
     out = Path(out_dir)
-    return {
-        json_name: write_text_atomic(out / json_name, json.dumps(deepspeed_configs.deepspeed_json(setup), indent=2)
-                                     + "\n"),
-        yaml_name: write_text_atomic(out / yaml_name, yaml.safe_dump(
-            deepspeed_configs.accelerate_deepspeed_config(setup), sort_keys=False)),
-    }
+    if out.exists() and not out.is_dir():
+        raise InvalidValueError(f"launch folder {shown(str(out))} is an existing file, not a folder: oomlab never "
+                                "overwrites a file it did not write; give a new folder, or one oomlab wrote")
+    if not out.is_dir():
+        return
+    clashes = [name for name, text in files.items() if not _holds(out / name, _as_written(text))]
+    if clashes:
+        shown_names = ", ".join(clashes[:8]) + (f" and {len(clashes) - 8} more" if len(clashes) > 8 else "")
+        raise InvalidValueError(
+            f"launch folder {shown(str(out))} already holds {shown_names}, which oomlab would write with other "
+            "contents: oomlab never overwrites files it did not write; give a new folder (or an empty one), or move "
+            "those files away")
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """Is ``path`` absent, or a regular file of exactly ``data`` (what oomlab would write there)?"""
+    if not (path.exists() or path.is_symlink()):
+        return True
+    if path.is_symlink() or not path.is_file() or path.stat().st_size != len(data):
+        return False
+    return path.read_bytes() == data
+
+
+def _as_written(text: str) -> bytes:
+    """The bytes :func:`write_text_atomic` writes for ``text`` (a text-mode file: ``os.linesep`` line ends)."""
+    return text.replace("\n", os.linesep).encode("utf-8")
+
+
+def _write_all(out: Path, files: dict[str, str]) -> dict[str, Path]:
+    """:func:`check_destination`, then every file written atomically; one already there holds exactly its text (the
+    check said so) and is left as it is."""
+    check_destination(out, files)
+    return {name: out / name if (out / name).exists() else write_text_atomic(out / name, text)
+            for name, text in files.items()}
 
 
 def top_launches(plan: Plan, top: int = 3) -> list[Remedy]:
@@ -122,39 +167,39 @@ def top_launches(plan: Plan, top: int = 3) -> list[Remedy]:
     return ([rec] if rec is not None else []) + rest[:max(top - (rec is not None), 0)]
 
 
+def launch_texts(plan: Plan | None = None, settings: LaunchSettings | None = None,
+                 top: int = 3) -> dict[str, str]:
+    """``{file name: text}`` of every launch file :func:`write_configs` writes, in its order."""
+    import yaml
+
+    if settings is None:
+        settings = plan_settings(plan) if plan is not None else LaunchSettings()
+    files = {name: yaml.safe_dump(accelerate_config(strategy, settings), sort_keys=False)
+             for strategy, name in ACCELERATE_CONFIG.items()}
+    files[TRAIN_SCRIPT] = train_script(settings.model_id)
+    commands, deepspeed = [], []
+    if plan is not None:
+        for r in top_launches(plan, top):
+            setup = launch_setup(r, plan.seq)
+            if r.strategy.deepspeed and setup is not None:
+                json_name, yaml_name = deepspeed_configs.file_names(setup)
+                if json_name not in files:
+                    files.update(deepspeed_texts(setup))
+                    deepspeed.append((json_name, yaml_name, r.strategy, launcher(r.route, r.strategy)))
+            cmd = launch_command(r, settings.model_id, plan.seq, lora_rank=plan.lora_rank, num_processes=plan.gpus)
+            if cmd:
+                commands.append((r.name, cmd))
+    files[LAUNCH_DOC] = launch_doc(commands, settings, tuple(deepspeed))
+    return files
+
+
 def write_configs(out_dir: str | os.PathLike[str] = CONFIGS_DIR, plan: Plan | None = None,
                   settings: LaunchSettings | None = None, top: int = 3) -> dict[str, Path]:
     """Write every launch file into ``out_dir`` (atomically); return ``{file name: path}``.
 
     With a :class:`~oomlab.remedies.plan.Plan`, the settings follow it (:func:`plan_settings`), each of its
     :func:`top_launches` gets its command in LAUNCH.md, and each DeepSpeed one among them its JSON and accelerate
-    config.
+    config.  Never over a file oomlab did not write (:func:`check_destination`): ``out_dir`` an existing file, or a
+    folder holding a file of one of these names with other contents, is refused before anything is written.
     """
-    import yaml
-
-    out = Path(out_dir)
-    if settings is None:
-        settings = plan_settings(plan) if plan is not None else LaunchSettings()
-    written = {}
-
-    def put(name: str, text: str) -> None:
-        written[name] = write_text_atomic(out / name, text)
-
-    for strategy, name in ACCELERATE_CONFIG.items():
-        put(name, yaml.safe_dump(accelerate_config(strategy, settings), sort_keys=False))
-    put(TRAIN_SCRIPT, train_script(settings.model_id))
-    commands, deepspeed = [], []
-    if plan is not None:
-        chosen = top_launches(plan, top)
-        for r in chosen:
-            setup = launch_setup(r, plan.seq)
-            if r.strategy.deepspeed and setup is not None:
-                json_name, yaml_name = deepspeed_configs.file_names(setup)
-                if json_name not in written:
-                    written.update(write_deepspeed_files(out, setup))
-                    deepspeed.append((json_name, yaml_name, r.strategy, launcher(r.route, r.strategy)))
-            cmd = launch_command(r, settings.model_id, plan.seq, lora_rank=plan.lora_rank, num_processes=plan.gpus)
-            if cmd:
-                commands.append((r.name, cmd))
-    put(LAUNCH_DOC, launch_doc(commands, settings, tuple(deepspeed)))
-    return written
+    return _write_all(Path(out_dir), launch_texts(plan, settings, top))
