@@ -54,7 +54,7 @@ def check_within(argv: list[str], capsys, fifos: tuple[Path, ...] = ()) -> tuple
 
 
 @pytest.mark.parametrize("where", ["--accelerate-config", "--config_file in launch.txt", "launch.txt",
-                                   "a .json in the launch folder"])
+                                   "a .json in the launch folder", "--deepspeed in the command"])
 def test_fifo_is_refused_without_blocking(where: str, tmp_path: Path, capsys) -> None:
     """A FIFO where a launch file is expected is refused as a FIFO at once (reading it blocked forever)."""
     folder = tmp_path / "launch"
@@ -69,9 +69,12 @@ def test_fifo_is_refused_without_blocking(where: str, tmp_path: Path, capsys) ->
     elif where == "launch.txt":
         fifo = folder / "launch.txt"
         argv = [*BASE, "--launch-dir", str(folder)]
-    else:
+    elif where == "a .json in the launch folder":
         fifo = folder / "ds_config.json"
         argv = [*BASE, "--launch-dir", str(folder)]
+    else:  # was passed over as "not here"
+        fifo = tmp_path / "ds_config.json"
+        argv = [*BASE, "--launch", f"deepspeed train.py --deepspeed {fifo}"]
     os.mkfifo(fifo)
     code, err = check_within(argv, capsys, (fifo,))
     assert code == 2

@@ -64,7 +64,7 @@ def _deepspeed_file(inputs: LaunchInputs, refs: list[tuple[Any, Origin]], base_d
     for value, origin in named:
         for base in base_dirs:
             candidate = (base / value) if not Path(value).is_absolute() else Path(value)
-            if candidate.is_file():
+            if candidate.exists():  # a FIFO or a folder is refused by the reader, not passed over
                 return read_json(candidate)
         if value.lower().endswith(".json"):
             raise LaunchFileError(f"{origin} names the DeepSpeed JSON {value!r}, which is not here; pass it with "
