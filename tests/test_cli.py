@@ -267,8 +267,12 @@ def test_explain_stdin_not_utf8(monkeypatch, capsys) -> None:
         (["explain", "CUDA out of memory. Tried to allocate banana MiB (GPU x; total capacity;"],
          "error: an out-of-memory message with no readable figure: where sizes should stand it has tried "
          "'banana MiB'"),
+        # a RuntimeError traceback from the traced step before
+        (["budget", "--batch", "100000", "--source", "traced"], "argument --batch: invalid value '100000'; must be an "
+         "integer from 1 to 65536"),
+        (["budget", "--batch", "9" * 5000], "argument --batch: invalid integer '999"),  # echoed clipped
     ],
-    ids=["gpu-path", "host-ram-digits", "host-ram-huge", "explain-garbled"],
+    ids=["gpu-path", "host-ram-digits", "host-ram-huge", "explain-garbled", "batch-huge", "batch-digits"],
 )
 def test_absurd_values_exit_2(argv: list[str], message: str, capsys) -> None:
     """Each absurd value exits 2 naming it and what is accepted (a traceback, or exit 0, before)."""

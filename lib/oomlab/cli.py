@@ -25,6 +25,7 @@ from oomlab.core.models import ALL_LINEAR, PROJECTIONS, known_models
 from oomlab.core.prices import HOST_RAM_AUTO, seed_machine_text
 from oomlab.core.setup import DEFAULT_LORA_ALPHA
 from oomlab.core.units import parse_memory_size
+from oomlab.core.user_input import MAX_INT_DIGITS, shown
 from oomlab.pipeline.params import PARAMETERS, render_params_help
 from oomlab.remedies.launch_files import CONFIGS_DIR
 
@@ -43,19 +44,30 @@ def _nonnegative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}; expected a number of MiB >= 0") from err
+        raise argparse.ArgumentTypeError(f"invalid number {shown(text)}; expected a number of MiB >= 0") from err
     if not value >= 0:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}; must be >= 0 MiB")
+        raise argparse.ArgumentTypeError(f"invalid value {shown(text)}; must be >= 0 MiB")
     return value
 
 
 def _positive_int(text: str) -> int:
     try:
+        if len(text.strip().lstrip("+")) > MAX_INT_DIGITS:  # int() of 5,000 digits: Python's own limit, slowly
+            raise ValueError(text)
         value = int(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}; expected an integer >= 1") from err
+        raise argparse.ArgumentTypeError(f"invalid integer {shown(text)}; expected an integer >= 1") from err
     if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}; must be an integer >= 1")
+        raise argparse.ArgumentTypeError(f"invalid value {shown(text)}; must be an integer >= 1")
+    return value
+
+
+def _batch(text: str) -> int:
+    """A micro-batch: an integer from 1 to the pipeline parameter's maximum (past it the traced step overflows)."""
+    value = _positive_int(text)
+    if value > _P["batch"].maximum:
+        raise argparse.ArgumentTypeError(f"invalid value {shown(text)}; must be an integer from 1 to "
+                                         f"{_P['batch'].maximum:g}")
     return value
 
 
@@ -119,7 +131,7 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", choices=[o.value for o in Optimizer], default=_P["optimizer"].default,
                         help="adamw = torch.optim.AdamW as constructed by hand (foreach); adamw-fused = "
                         "AdamW(fused=True), the HF Trainer's default (optim='adamw_torch_fused')")
-    parser.add_argument("--batch", type=_positive_int, default=_P["batch"].default, help="micro-batch per GPU")
+    parser.add_argument("--batch", type=_batch, default=_P["batch"].default, help="micro-batch per GPU")
     parser.add_argument("--seq", type=_positive_int, default=_P["seq"].default, help="sequence length in tokens")
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each layer")
     parser.add_argument("--attention", choices=[a.value for a in Attention], default=_P["attention"].default,
@@ -234,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="host RAM per node, with its unit; auto (the default) assumes the listed instance "
                      f"with these GPUs (specs/prices.json), else {seed_machine_text(sentence=False)}")
     pln.add_argument("--seq", type=_positive_int, default=_P["seq"].default, help="target sequence length")
-    pln.add_argument("--batch", type=_positive_int, default=_P["batch"].default,
+    pln.add_argument("--batch", type=_batch, default=_P["batch"].default,
                      help="the user's micro-batch per GPU")
     pln.add_argument("--precision", choices=[p.value for p in Precision], default=_P["precision"].default,
                      help="the user's precision")
