@@ -42,4 +42,4 @@ test: install lint browser
 	$(PY) -m pytest
 
 clean:
-	rm -rf outputs/notebooks outputs/results outputs/report.html
+	rm -rf outputs/notebooks outputs/results outputs/configs outputs/report.html outputs/.oomlab-run.json

@@ -59,3 +59,26 @@ def test_a_folder_is_read_by_inputs() -> None:
     assert not hasattr(resolve, "inputs_from_dir") and inputs.inputs_from_dir is inputs_from_dir
     found = inputs_from_dir(TWIN / "seed", gpu="t4", gpus=4)
     assert found.deepspeed and found.deepspeed.endswith("zero_config.json") and found.command
+
+
+def test_the_reply_shows_hostile_keys_as_text(tmp_path) -> None:
+    """YAML keys and values such as ``<script>`` reach the GitHub reply as escaped text: rendered, no element of theirs
+    and no link, and the user's characters still read."""
+    from bs4 import BeautifulSoup
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    from oomlab.report.sanitize import live_markup
+
+    folder = tmp_path / "launch <img src=x onerror=alert(1)>"
+    folder.mkdir()
+    (folder / "launch.txt").write_text("accelerate launch --config_file accelerate.yaml train.py --run_name "
+                                       "'`[x](javascript:alert(1))`'\n")
+    (folder / "accelerate.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 4\n"
+                                            "'<script>alert(1)</script>': 1\n"
+                                            "'[y](javascript:alert(2))': '<b onclick=alert(3)>b</b>'\n")
+    result = check_launch(check_inputs(launch_dir=folder, model="llama-7b", gpu="t4", gpus=4))
+    html = markdown2html_mistune(render_markdown(result))
+    soup = BeautifulSoup(html, "html.parser")
+    assert live_markup(f"<html><body>{html}</body></html>") == []
+    assert not soup.find_all(["script", "img", "b"]) and all(a.get("href", "").startswith("http") for a in soup("a"))
+    assert "<script>alert(1)</script>" in soup.get_text()

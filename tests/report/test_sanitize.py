@@ -81,3 +81,13 @@ def test_render_report_refuses_live_markup_and_keeps_the_old_page(tmp_path, monk
     with pytest.raises(ReportError, match="live markup.*onclick"):
         render_report(tmp_path / "nb.ipynb", out)
     assert out.read_text() == "previous"
+
+
+def test_table_alignment_is_the_only_style_kept() -> None:
+    """A Markdown table's column alignment survives; any other property of a style attribute is dropped."""
+    cleaned = clean_html('<table><tr><th style="text-align:right">a</th>'
+                         '<td style="text-align: right; position: fixed; background: url(https://x.org)">b</td>'
+                         '</tr></table><b style="color: red">x</b>')
+    assert cleaned == ('<table><tbody><tr><th style="text-align:right">a</th><td style="text-align:right">b</td>'
+                       '</tr></tbody></table><b>x</b>')
+    assert live_markup(f"<html><body>{cleaned}</body></html>") == []

@@ -21,6 +21,7 @@ import nh3
 # nbconvert's images carry width/height; tables their alignment.
 ALLOWED_TAGS = frozenset(nh3.ALLOWED_TAGS)
 GENERIC_ATTRIBUTES = frozenset({"class", "id", "title", "align", "lang", "dir"})
+STYLE_PROPERTIES = frozenset({"text-align"})  # the only inline style kept (table cells): no position, no url()
 URL_SCHEMES = frozenset({"http", "https", "mailto", "data"})  # data: only as an embedded image (see _attribute)
 _IMAGE_DATA = re.compile(r"data:image/(?:png|jpeg|gif|webp);base64,[A-Za-z0-9+/=\s]*\Z", re.IGNORECASE)
 _URL_ATTRIBUTES = frozenset({"href", "src", "cite", "action", "formaction", "xlink:href", "poster", "background",
@@ -38,6 +39,8 @@ def _attribute(tag: str, name: str, value: str) -> str | None:
 def _attributes() -> dict[str, set[str]]:
     allowed = {tag: set(names) for tag, names in nh3.ALLOWED_ATTRIBUTES.items()}
     allowed["*"] = set(GENERIC_ATTRIBUTES)
+    for cell in ("th", "td"):  # Markdown tables align their columns with style="text-align: right"
+        allowed[cell] = allowed[cell] | {"style"}
     return allowed
 
 
@@ -48,12 +51,14 @@ def clean_html(fragment: str | bytes) -> str:
     """
     text = fragment.decode("utf-8") if isinstance(fragment, bytes) else str(fragment)
     return nh3.clean(text, tags=set(ALLOWED_TAGS), attributes=_attributes(), url_schemes=set(URL_SCHEMES),
-                     attribute_filter=_attribute, link_rel=None, strip_comments=True)
+                     attribute_filter=_attribute, link_rel=None, strip_comments=True,
+                     filter_style_properties=set(STYLE_PROPERTIES))
 
 
 # --- the check of a finished page ---------------------------------------------------------------------------------
 
 _BAD_SCHEME = re.compile(r"^\s*(?:javascript|vbscript|data|file)\s*:", re.IGNORECASE)
+_ALIGN_ONLY = re.compile(r"\s*(?:text-align\s*:\s*(?:left|right|center)\s*;?\s*)?\Z", re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x20\x7f]+")  # browsers ignore these inside a scheme: "java\tscript:"
 LIVE_TAGS = ("script", "iframe", "frame", "object", "embed", "applet", "form", "base", "link", "meta", "svg", "math",
              "template", "noscript")
@@ -69,7 +74,7 @@ def _scheme_is_live(tag: str, name: str, value: str) -> bool:
 def live_markup(html: str, allowed_head: tuple[str, ...] = ("meta", "link", "style", "title")) -> list[str]:
     """Every piece of ``html`` a browser would run or follow as code: an ``on*`` attribute, a
     ``javascript:``/``vbscript:``/``data:``/``file:`` address (an embedded raster image aside), a ``<script>`` or
-    other active element, an inline ``style`` attribute; empty for a safe page.
+    other active element, an inline ``style`` attribute other than a cell's alignment; empty for a safe page.
 
     The page's ``<head>`` may hold oomlab's own ``meta``/``link``/``style``/``title`` (the template's); nothing in
     the body may hold a live element.
@@ -92,7 +97,7 @@ def _findings(html: str, allowed_head: tuple[str, ...]) -> Iterator[str]:
             text = " ".join(value) if isinstance(value, list) else str(value)
             if attr.startswith("on"):
                 yield f"{attr} attribute on <{name}>: {text[:80]!r}"
-            elif attr == "style" and not in_head:
+            elif attr == "style" and not in_head and not _ALIGN_ONLY.match(text):
                 yield f"style attribute on <{name}>: {text[:80]!r}"
             elif attr in _URL_ATTRIBUTES and _scheme_is_live(name, attr, text):
                 yield f"{attr} address on <{name}>: {text[:80]!r}"
