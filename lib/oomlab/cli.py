@@ -24,6 +24,7 @@ from oomlab.core.gpus import known_gpus
 from oomlab.core.models import ALL_LINEAR, PROJECTIONS, known_models
 from oomlab.core.prices import HOST_RAM_AUTO, seed_machine_text
 from oomlab.core.setup import DEFAULT_LORA_ALPHA
+from oomlab.core.terminal import terminal_streams
 from oomlab.core.units import parse_memory_size
 from oomlab.core.user_input import MAX_INT_DIGITS, shown
 from oomlab.pipeline.params import PARAMETERS, render_params_help
@@ -456,51 +457,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-# What oomlab prints beyond ASCII, in ASCII: used when the terminal's encoding cannot say it (PYTHONIOENCODING=ascii,
-# LC_ALL=C without UTF-8 mode); anything else (a user's own text) becomes "?"
-ASCII_FALLBACK = str.maketrans({
-    "×": "x", "→": "->", "−": "-", "–": "-", "—": "--", "…": "...", "·": "*", "≥": ">=", "≤": "<=", "≈": "~",
-    "±": "+/-", "≠": "!=", "µ": "u", "’": "'", "‘": "'", "“": '"', "”": '"', "\u00a0": " ", "│": "|", "┃": "|",
-    "─": "-", "╰": "+", "╯": "+", "❱": ">", "◀": "<", "✓": "ok",
-})
-
-
-class _AsciiFallback:
-    """A text stream that writes through :data:`ASCII_FALLBACK` (the rest replaced) to one whose encoding lacks them."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        self._stream.write(text.translate(ASCII_FALLBACK))
-        return len(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def _speaks_oomlab(stream: Any) -> bool:
-    """Can ``stream`` encode every character oomlab prints?"""
-    try:
-        "".join(map(chr, ASCII_FALLBACK)).encode(getattr(stream, "encoding", None) or "utf-8")
-    except (UnicodeEncodeError, LookupError):
-        return False
-    return True
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """:func:`run_cli` with standard output and error made safe for the terminal's encoding: ``×`` prints as ``x``,
-    ``→`` as ``->`` where the encoding lacks them (no UnicodeEncodeError under ``PYTHONIOENCODING=ascii``)."""
-    saved = sys.stdout, sys.stderr
-    for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-        if stream is not None and not _speaks_oomlab(stream):
-            if hasattr(stream, "reconfigure"):
-                stream.reconfigure(errors="replace")  # the last resort: a user's own text the table lacks
-            setattr(sys, name, _AsciiFallback(stream))
-    try:
+    """:func:`run_cli` with standard output and error in the terminal's encoding (:func:`terminal_streams`)."""
+    with terminal_streams():
         return run_cli(argv)
-    finally:
-        sys.stdout, sys.stderr = saved
 
 
 def run_cli(argv: Sequence[str] | None = None) -> int:
