@@ -325,3 +325,21 @@ def test_write_configs_onto_a_file_exits_2_before_the_plan(tmp_path, capsys) -> 
     code, err = run_refused(["plan", "--write-configs", str(target)], capsys, "oomlab.remedies.plan.make_plan")
     assert code == 2 and f"launch folder {str(target)!r} is an existing file, not a folder" in err
     assert target.read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    ("argv", "never_called"),
+    [
+        (["check", "--launch-dir", "", "--gpu", "t4"], "oomlab.launch.inputs.check_inputs"),
+        (["check", "--launch-dir", " ", "--gpu", "t4"], "oomlab.launch.inputs.check_inputs"),
+        (["plan", "--model", "llama-13b", "--gpu", "t4", "--write-configs", ""], "oomlab.remedies.plan.make_plan"),
+        (["explain", "--file", ""], "oomlab.explanation.explain.explain"),
+        (["run", "--params", ""], "oomlab.pipeline.runner.run_pipeline"),
+    ],
+)
+def test_empty_path_refused(argv: list[str], never_called: str, capsys) -> None:
+    """An empty path is refused with exit 2 naming the option, never read as the current folder."""
+    code, err = run_refused(argv, capsys, never_called)
+    assert code == 2
+    option = argv[argv.index("") - 1] if "" in argv else "--launch-dir"
+    assert f"argument {option}: empty path" in err, err

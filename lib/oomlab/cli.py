@@ -63,6 +63,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _path(text: str) -> Path:
+    """A file or folder argument; an empty one is refused (``Path("")`` would silently mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"empty path {text!r}; give a file or folder")
+    return Path(text)
+
+
 def _batch(text: str) -> int:
     """A micro-batch: an integer from 1 to the pipeline parameter's maximum (past it the traced step overflows)."""
     value = _positive_int(text)
@@ -213,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=_Formatter)
     exp.add_argument("text", nargs="?", default=None,
                      help="the message (or a whole traceback/log); '-' or nothing reads standard input")
-    exp.add_argument("--file", type=Path, default=None, help="read the message from this file instead")
+    exp.add_argument("--file", type=_path, default=None, help="read the message from this file instead")
     exp.add_argument("--model", default=None, help=_model_help() + ": name the tensors")
     exp.add_argument("--gpu", default=None, help=_gpu_help() + " (none: inferred from the total capacity)")
     exp.add_argument("--dtype", default=None, help="float16, bfloat16 or float32 (none: every dtype that fits)")
@@ -240,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     pln.add_argument("--method", choices=[m.value for m in Method], action="append", default=None,
                      help="with --any-gpu: the methods the search may use (repeatable; default: every method)")
     pln.add_argument("--max-gpus", type=_positive_int, default=8, help="with --any-gpu: the most GPUs per node")
-    pln.add_argument("--prices", type=Path, default=None, metavar="FILE",
+    pln.add_argument("--prices", type=_path, default=None, metavar="FILE",
                      help="with --any-gpu: a price table JSON ({'instances': [{provider, instance, gpu, "
                      "gpus_per_instance, usd_per_hour}, ...]}; default: oomlab's dated list prices)")
     pln.add_argument("--host-ram", type=_host_ram_argument, default=_P["host_ram"].default, action=_StoreGiven,
@@ -257,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     pln.add_argument("--lora-rank", type=_positive_int, default=_P["lora_rank"].default,
                      help="LoRA rank of the LoRA/QLoRA remedies")
     pln.add_argument("--top", type=_positive_int, default=15, help="remedies shown (--json has all)")
-    pln.add_argument("--write-configs", type=Path, nargs="?", const=CONFIGS_DIR, default=None, metavar="DIR",
+    pln.add_argument("--write-configs", type=_path, nargs="?", const=CONFIGS_DIR, default=None, metavar="DIR",
                      help=f"also write the launch files (into {CONFIGS_DIR} when no folder is given)")
     pln.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -266,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=_Formatter)
     chk.add_argument("--launch", default=None, metavar="COMMAND",
                      help="the launch command line, quoted: torchrun / accelerate launch / deepspeed / python ...")
-    chk.add_argument("--launch-dir", type=Path, default=None, metavar="DIR",
+    chk.add_argument("--launch-dir", type=_path, default=None, metavar="DIR",
                      help="a folder of launch files (launch.txt, accelerate*.yaml, DeepSpeed JSON, training_args.json,"
                      " adapter_config.json, quantization_config.json, config.json)")
     chk.add_argument("--accelerate-config", default=None, metavar="F", help="accelerate config YAML")
@@ -284,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the notebooks with papermill and render outputs/report.html",
                          epilog=render_params_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("--params", type=Path, default=None, help="YAML file of parameters")
+    run.add_argument("--params", type=_path, default=None, help="YAML file of parameters")
     run.add_argument("-p", dest="pairs", action="append", default=[], metavar="KEY=VALUE",
                      help="a parameter (repeatable; overrides --params; the keys are listed below)")
     run.add_argument("--out", default=None, help="output folder (default outputs/)")  # a str: '' is refused
