@@ -16,6 +16,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Every property test draws the same examples on every run and machine (no database of past failures replayed in a
+# later run): a failure reproduces, and a test passes or fails for its code, never for its luck.
+settings.register_profile("oomlab", derandomize=True, database=None)
+settings.load_profile("oomlab")
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
 APT_TIMEOUT_S = 900  # apt-get update + install of chromium and its libraries
