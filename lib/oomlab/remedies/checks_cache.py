@@ -41,7 +41,10 @@ def cached_verification(names: tuple[str, ...], checks: Mapping[str, Callable[[]
     """Run the named ``checks`` (or read them from the cache); ``run=False`` only reads the cache."""
     path = _cache_path(names)
     if use_cache and path.is_file():
-        return replace(Verification.from_dict(json.loads(path.read_text())), from_cache=True)
+        try:
+            return replace(Verification.from_dict(json.loads(path.read_text())), from_cache=True)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # a damaged entry (`[]`, truncated, not UTF-8) is a miss: measured again and rewritten below
     if not run:
         return Verification((), "", False, tuple(f"{n}: not run (no cached result; run with trace=True)"
                                                  for n in names))
