@@ -483,3 +483,18 @@ def test_cli_ctrl_c_says_where_the_partial_run_is(tmp_path: Path) -> None:
     assert (proc.returncode, stdout) == (130, "")
     assert stderr == f"interrupted; outputs unchanged, partial run in {tmp_path / '.out.failed'}\n"
     assert not out.exists() and beside(out) == [".out.failed"]
+
+
+def test_cli_dead_kernel_reported_once(tmp_path: Path) -> None:
+    """A kernel that dies mid-cell (as Ctrl-C reaching the kernel can make it): the runner's one error line, not
+    nbclient's own "Kernel died while waiting for execute reply." log record on the terminal (kept in the kernel's
+    log, with the failed run)."""
+    root, out = tmp_path / "root", tmp_path / "out"
+    (root / "notebooks").mkdir(parents=True)
+    make_notebook(root / "notebooks" / "01_dies.ipynb", "Dies", ["import os, signal\nos.kill(os.getpid(), "
+                                                                 "signal.SIGKILL)"])
+    with cli_run(root, "--out", str(out)) as proc:
+        stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 1, stderr
+    assert "Kernel died while waiting" not in stderr, stderr
+    assert "DeadKernelError" in stderr, stderr

@@ -26,15 +26,17 @@ By default the kernels' own chatter (``[IPKernelApp] WARNING | Kernel is running
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import logging
 import os
 import re
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,6 +178,28 @@ def _failure(notebook: Path, executed: Path, error: str) -> PipelineError:
     )
 
 
+@contextlib.contextmanager
+def _papermill_log_to(path: Path | None) -> Iterator[None]:
+    """Papermill's and nbclient's log records (``logging.getLogger("papermill")``: "Kernel died while waiting for
+    execute reply." when Ctrl-C reaches the kernel) go to ``path`` instead of the terminal; None leaves them be
+    (``--verbose``).  The failure itself is reported once, by the runner."""
+    if path is None:
+        yield
+        return
+    logger = logging.getLogger("papermill")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        handler.close()
+
+
 def _run_notebook(notebook: Path, executed: Path, params: dict[str, Any], results_path: Path, out_dir: Path,
                   progress: bool, cell_timeout: int, kernel_log: Path | None) -> None:
     """Execute one notebook; ``kernel_log`` None lets the kernel print to the terminal and echoes cell output."""
@@ -191,13 +215,14 @@ def _run_notebook(notebook: Path, executed: Path, params: dict[str, Any], result
     else:
         quiet = {"config": Config({KernelLogManager.__name__: {"log_path": str(kernel_log)}})}
     try:
-        papermill.execute_notebook(
-            str(notebook), str(executed), parameters=inject, kernel_name=KERNEL_NAME,
-            progress_bar=progress, execution_timeout=cell_timeout, kernel_manager_class=KernelLogManager,
-            # NB: the notebooks folder, as in Jupyter, so relative paths resolve the same both ways;
-            # every output goes through the absolute results_path / out_dir.
-            cwd=str(notebook.parent), **quiet,
-        )
+        with _papermill_log_to(kernel_log):
+            papermill.execute_notebook(
+                str(notebook), str(executed), parameters=inject, kernel_name=KERNEL_NAME,
+                progress_bar=progress, execution_timeout=cell_timeout, kernel_manager_class=KernelLogManager,
+                # NB: the notebooks folder, as in Jupyter, so relative paths resolve the same both ways;
+                # every output goes through the absolute results_path / out_dir.
+                cwd=str(notebook.parent), **quiet,
+            )
     except PapermillExecutionError as err:
         raise _failure(notebook, executed, f"{err.ename}: {err.evalue}") from err
     except CellTimeoutError as err:
