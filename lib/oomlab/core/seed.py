@@ -18,6 +18,11 @@ SEED_MODEL = "llama-13b"
 SEED_DTYPE = "float16"
 SEED_GPU = "t4"
 SEED_GPUS = 4
+# Memory outside PyTorch on the seed's GPU 0, derived from the seed's own figures (total capacity - reserved - free,
+# the reserved figure at the point of llama-13b's unlimited walk in float16 where the message's figures print exactly):
+# 561.00 MiB.  Shipped as data so the analytic estimate needs no torch; derived by
+# :func:`oomlab.reproduction.walk.derive_seed_outside_bytes`, and tests/reproduction/test_outside.py re-derives it.
+SEED_OUTSIDE_BYTES = 588_253_757
 
 
 def is_seed_case(model: str, dtype: str, gpu: str, gpus: int | None = None) -> bool:

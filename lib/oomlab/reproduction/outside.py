@@ -1,41 +1,23 @@
-"""Memory held outside PyTorch: the seed's, derived from its own figures, and each case's (the shipped figures of
-:mod:`oomlab.core.outside` otherwise)."""
+"""Memory held outside PyTorch: the seed's, derived from its own figures (shipped as data, so no torch is imported
+here), and each case's (the shipped figures of :mod:`oomlab.core.outside` otherwise)."""
 
 from __future__ import annotations
 
-from functools import cache
-
-from oomlab.core.gpus import GPUSpec, load_gpu
+from oomlab.core.gpus import GPUSpec
 from oomlab.core.outside import OutsideMemory, TorchEra, outside_memory
-from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, is_seed_case, seed_figures
+from oomlab.core.seed import SEED_DTYPE, SEED_OUTSIDE_BYTES, is_seed_case
 from oomlab.core.units import format_size
-from oomlab.reproduction.walk import unlimited_walk
 
 
-@cache
 def seed_outside_bytes() -> int:
-    """Memory held outside PyTorch on the seed's GPU 0, derived from the seed's own figures.
-
-    Along the unlimited walk of llama-13b in float16, find the copy whose "Tried to allocate" and the
-    allocated/reserved figures just before it print exactly as the seed's; then
-    ``outside = total capacity - reserved - free`` (the free figure as printed).
+    """Memory held outside PyTorch on the seed's GPU 0, derived from the seed's own figures: the shipped
+    :data:`oomlab.core.seed.SEED_OUTSIDE_BYTES` (derived along the unlimited walk by
+    :func:`oomlab.reproduction.walk.derive_seed_outside_bytes`; a test re-derives it).
 
     NB: this makes the seed's free figure an input and its reserved figure a fit: any outside memory from
     465.81 to 601.81 MiB reproduces the other figures (:func:`oomlab.reproduction.honesty.honest_reproduction`).
     """
-    figures = seed_figures()
-    gpu = load_gpu(SEED_GPU)
-    steps = unlimited_walk(SEED_MODEL, SEED_DTYPE)
-    matches = [
-        before
-        for before, step in zip(steps, steps[1:], strict=False)
-        if format_size(step.tried_bytes) == figures.tried
-        and format_size(before.allocated_bytes) == figures.allocated
-        and format_size(before.reserved_bytes) == figures.reserved
-    ]
-    if len(matches) != 1:  # pragma: no cover - guards the derivation itself
-        raise RuntimeError(f"expected exactly one point of the walk to match the seed, found {len(matches)}")
-    return gpu.total_memory_bytes - matches[0].reserved_bytes - figures.free_bytes
+    return SEED_OUTSIDE_BYTES
 
 
 def case_outside(model: str, gpu: GPUSpec, world_size: int = 1, dtype: str = SEED_DTYPE,

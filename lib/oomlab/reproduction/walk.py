@@ -20,8 +20,11 @@ from torch.overrides import TorchFunctionMode
 
 from oomlab.core.choices import Choice
 from oomlab.core.dtypes import DType, load_dtype
+from oomlab.core.gpus import load_gpu
 from oomlab.core.modeling import build_meta_model
 from oomlab.core.models import ModelSpec, load_model
+from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, seed_figures
+from oomlab.core.units import format_size
 from oomlab.reproduction.allocator import CachingAllocator, SimulatedOutOfMemory, get_allocation_size, round_size
 
 UNLIMITED_BYTES = 1 << 62  # capacity of the "how much would it take" walk
@@ -156,3 +159,25 @@ def unlimited_walk(model: str, dtype: str) -> tuple[WalkStep, ...]:
     allocator = CachingAllocator(UNLIMITED_BYTES)
     mode, _, _ = walk_apply(load_model(model), load_dtype(dtype), allocator)
     return tuple(mode.steps)
+
+
+def derive_seed_outside_bytes() -> int:
+    """Memory held outside PyTorch on the seed's GPU 0, derived from the seed's own figures (what
+    :data:`oomlab.core.seed.SEED_OUTSIDE_BYTES` ships).
+
+    Along the unlimited walk of llama-13b in float16, find the copy whose "Tried to allocate" and the
+    allocated/reserved figures just before it print exactly as the seed's; then
+    ``outside = total capacity - reserved - free`` (the free figure as printed).
+    """
+    figures = seed_figures()
+    steps = unlimited_walk(SEED_MODEL, SEED_DTYPE)
+    matches = [
+        before
+        for before, step in zip(steps, steps[1:], strict=False)
+        if format_size(step.tried_bytes) == figures.tried
+        and format_size(before.allocated_bytes) == figures.allocated
+        and format_size(before.reserved_bytes) == figures.reserved
+    ]
+    if len(matches) != 1:  # pragma: no cover - guards the derivation itself
+        raise RuntimeError(f"expected exactly one point of the walk to match the seed, found {len(matches)}")
+    return load_gpu(SEED_GPU).total_memory_bytes - matches[0].reserved_bytes - figures.free_bytes
