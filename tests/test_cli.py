@@ -153,6 +153,7 @@ NOT_THE_REGISTRYS = {
     ("check", "gpu"): "required",
     ("check", "gpus"): "from the launch files",
     ("plan", "method"): "plan --any-gpu's methods: every method unless given",
+    ("budget", "strategy"): "None: core.defaults.launch_strategy (the default launch, single on one GPU)",
 }
 
 
@@ -173,23 +174,25 @@ def test_every_option_named_like_a_parameter_defaults_to_it() -> None:
             if not (action.default == default and type(action.default) is type(default)):
                 wrong.append((command, action.dest, action.default, default))
     assert wrong == []
-    assert {"model", "gpu", "gpus", "dtype", "strategy", "method", "lora_targets", "message_format", "host_ram",
+    assert {"model", "gpu", "gpus", "dtype", "method", "lora_targets", "message_format", "host_ram",
             "non_pytorch_mib", "device", "checkpointing", "attention", "lora_rank", "seq", "batch"} <= shared
 
 
 @pytest.mark.parametrize(("argv", "strategy"), [
-    ([], "ddp"),  # the registry's strategy on the registry's 4 GPUs
-    (["--gpus", "1"], "single"),  # the pipeline's rule: its ddp on one GPU is one process
-    (["--gpus", "1", "--nodes", "2"], "ddp"),
-    (["--gpus", "1", "--strategy", "ddp"], "ddp"),  # given: kept as given
+    ([], "ddp"),  # the default launch on the default 4 GPUs
+    (["--gpus", "1"], "single"),  # the one rule: ddp over one GPU is one process
+    (["--gpus", "1", "--nodes", "2"], "ddp"),  # two processes in all
+    (["--gpus", "1", "--strategy", "ddp"], "single"),  # given or not, one rule
     (["--gpus", "2", "--strategy", "fsdp"], "fsdp"),
 ])
 def test_budget_strategy_default(argv: list[str], strategy: str) -> None:
-    """``budget`` without --strategy takes the registry's (ddp), single on one GPU; a given one is kept."""
+    """``budget`` budgets the launch :func:`oomlab.core.defaults.launch_strategy` says: without --strategy the
+    default (ddp), and ddp over one GPU in all is single; another strategy is kept as given."""
     from oomlab.cli import build_parser, setup_kwargs
+    from oomlab.core.setup import make_setup
 
     args = build_parser().parse_args(["budget", *argv])
-    assert setup_kwargs(args)["strategy"] == strategy
+    assert make_setup(**setup_kwargs(args)).strategy.value == strategy
 
 
 def test_budget_cli_passes_checkpointing(capsys) -> None:
@@ -343,3 +346,21 @@ def test_empty_path_refused(argv: list[str], never_called: str, capsys) -> None:
     assert code == 2
     option = argv[argv.index("") - 1] if "" in argv else "--launch-dir"
     assert f"argument {option}: empty path" in err, err
+
+
+def test_estimate_cli_pipeline_and_explorer_share_the_default_run(capsys) -> None:
+    """One set of defaults: ``oomlab.estimate()`` with no arguments, ``python -m oomlab budget`` with no options, the
+    pipeline's configured setup with no parameters and the explorer's first choices are one run, with one answer."""
+    import oomlab
+    from oomlab.core.setup import make_setup
+    from oomlab.exploration import Choices
+    from oomlab.launch.user import user_launch
+    from oomlab.pipeline.params import parse_params
+
+    api = oomlab.estimate()
+    assert main(["budget", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    pipeline = user_launch(parse_params()).setup
+    assert api.setup == pipeline == Choices().setup() == make_setup(gpus=4)
+    assert (api.setup.gpus, api.setup.strategy.value) == (4, "ddp")
+    assert cli["per_gpu_peak_bytes"] == api.per_gpu_peak_bytes

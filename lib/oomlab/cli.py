@@ -19,11 +19,11 @@ from typing import Any
 
 from oomlab.budget.result import SOURCES
 from oomlab.core.choices import Attention, Device, MessageFormat, Method, Optimizer, Precision, Strategy, message_format
+from oomlab.core.defaults import DEFAULTS
 from oomlab.core.errors import InvalidValueError, OomlabError, PipelineError
 from oomlab.core.gpus import known_gpus
 from oomlab.core.models import ALL_LINEAR, PROJECTIONS, known_models
 from oomlab.core.prices import HOST_RAM_AUTO, seed_machine_text
-from oomlab.core.setup import DEFAULT_LORA_ALPHA
 from oomlab.core.terminal import terminal_streams
 from oomlab.core.units import parse_memory_size
 from oomlab.core.user_input import MAX_INT_DIGITS, shown
@@ -122,42 +122,39 @@ def _message_format_argument(text: str) -> str:
 
 def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     """The training-setup options of ``budget``."""
-    parser.add_argument("--model", default=_P["model"].default, help=_model_help())
-    parser.add_argument("--gpu", default=_P["gpu"].default, help=_gpu_help())
-    parser.add_argument("--gpus", type=_positive_int, default=_P["gpus"].default, help="GPUs per node")
-    parser.add_argument("--nodes", type=_positive_int, default=1, help="nodes")
-    parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=_P["strategy"].default,
-                        action=_StoreGiven,
+    parser.add_argument("--model", default=DEFAULTS.model, help=_model_help())
+    parser.add_argument("--gpu", default=DEFAULTS.gpu, help=_gpu_help())
+    parser.add_argument("--gpus", type=_positive_int, default=DEFAULTS.gpus, help="GPUs per node")
+    parser.add_argument("--nodes", type=_positive_int, default=DEFAULTS.nodes, help="nodes")
+    parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=None,
                         help="the launch: single = one process; ddp = accelerate/torchrun DDP; fsdp = accelerate's "
                         "default FSDP (fsdp_version 1); fsdp2 = accelerate fsdp_version 2; *-offload = with "
                         "fsdp_offload_params; zero1/zero2 = DeepSpeed (default: "
-                        f"{_P['strategy'].default}, or single when --gpus is 1 and --strategy is not given)")
-    parser.add_argument("--method", choices=[m.value for m in Method], default=_P["method"].default,
+                        f"{DEFAULTS.strategy.value}; ddp over one GPU in all is single)")
+    parser.add_argument("--method", choices=[m.value for m in Method], default=DEFAULTS.method.value,
                         help="what is trained")
-    parser.add_argument("--precision", choices=[p.value for p in Precision], default=_P["precision"].default,
+    parser.add_argument("--precision", choices=[p.value for p in Precision], default=DEFAULTS.precision.value,
                         help="weights and compute dtypes (the budget's notes say what they mean for the launch)")
-    parser.add_argument("--optimizer", choices=[o.value for o in Optimizer], default=_P["optimizer"].default,
+    parser.add_argument("--optimizer", choices=[o.value for o in Optimizer], default=DEFAULTS.optimizer.value,
                         help="adamw = torch.optim.AdamW as constructed by hand (foreach); adamw-fused = "
                         "AdamW(fused=True), the HF Trainer's default (optim='adamw_torch_fused')")
-    parser.add_argument("--batch", type=_batch, default=_P["batch"].default, help="micro-batch per GPU")
-    parser.add_argument("--seq", type=_positive_int, default=_P["seq"].default, help="sequence length in tokens")
+    parser.add_argument("--batch", type=_batch, default=DEFAULTS.batch, help="micro-batch per GPU")
+    parser.add_argument("--seq", type=_positive_int, default=DEFAULTS.seq, help="sequence length in tokens")
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each layer")
-    parser.add_argument("--attention", choices=[a.value for a in Attention], default=_P["attention"].default,
+    parser.add_argument("--attention", choices=[a.value for a in Attention], default=DEFAULTS.attention.value,
                         help="transformers' attention implementation")
-    parser.add_argument("--lora-rank", type=_positive_int, default=_P["lora_rank"].default, help="LoRA rank")
-    parser.add_argument("--lora-alpha", type=_positive_int, default=DEFAULT_LORA_ALPHA, help="LoRA alpha")
-    parser.add_argument("--lora-targets", default=_P["lora_targets"].default,
+    parser.add_argument("--lora-rank", type=_positive_int, default=DEFAULTS.lora_rank, help="LoRA rank")
+    parser.add_argument("--lora-alpha", type=_positive_int, default=DEFAULTS.lora_alpha, help="LoRA alpha")
+    parser.add_argument("--lora-targets", default=",".join(DEFAULTS.lora_targets),
                         help=f"comma-separated names of the model's nn.Linear modules (LLaMA's: "
                         f"{','.join(PROJECTIONS)}; other families their own), or {ALL_LINEAR}")
 
 
 def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``estimate``/``make_setup`` keyword arguments from parsed setup options."""
-    strategy = args.strategy
-    if not getattr(args, "strategy_given", False) and strategy == Strategy.DDP.value and args.gpus * args.nodes == 1:
-        strategy = Strategy.SINGLE.value  # the pipeline's rule: its ddp on one GPU is one process
+    """The ``estimate``/``make_setup`` keyword arguments from parsed setup options (no ``--strategy``: None, the
+    default launch of :func:`oomlab.core.defaults.launch_strategy`)."""
     return {"model": args.model, "gpu": args.gpu, "gpus": args.gpus, "nodes": args.nodes,
-            "strategy": strategy, "method": args.method, "precision": args.precision,
+            "strategy": args.strategy, "method": args.method, "precision": args.precision,
             "optimizer": args.optimizer, "batch": args.batch, "seq": args.seq,
             "checkpointing": args.checkpointing, "attention": args.attention, "lora_rank": args.lora_rank,
             "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets}
@@ -198,9 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("reproduce", help="move a model to one GPU as model.to('cuda') does; report the OOM",
                          formatter_class=_Formatter)
-    rep.add_argument("--model", default=_P["model"].default, help=_model_help())
-    rep.add_argument("--dtype", default=_P["dtype"].default, help="storage dtype: float16, bfloat16 or float32")
-    rep.add_argument("--gpu", default=_P["gpu"].default, help=_gpu_help())
+    rep.add_argument("--model", default=DEFAULTS.model, help=_model_help())
+    rep.add_argument("--dtype", default=DEFAULTS.dtype, help="storage dtype: float16, bfloat16 or float32")
+    rep.add_argument("--gpu", default=DEFAULTS.gpu, help=_gpu_help())
     rep.add_argument(
         "--non-pytorch-mib",
         type=_nonnegative_float,
@@ -235,9 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pln = sub.add_parser("plan", help="every remedy for training the model on these GPUs: budgeted, ranked, "
                          "with the knob table and the launch files", formatter_class=_Formatter)
-    pln.add_argument("--model", default=_P["model"].default, help=_model_help())
-    pln.add_argument("--gpu", default=_P["gpu"].default, action=_StoreGiven, help=_gpu_help())
-    pln.add_argument("--gpus", type=_positive_int, default=_P["gpus"].default, action=_StoreGiven,
+    pln.add_argument("--model", default=DEFAULTS.model, help=_model_help())
+    pln.add_argument("--gpu", default=DEFAULTS.gpu, action=_StoreGiven, help=_gpu_help())
+    pln.add_argument("--gpus", type=_positive_int, default=DEFAULTS.gpus, action=_StoreGiven,
                      help="GPUs per node")
     pln.add_argument("--nodes", type=_positive_int, default=1,
                      help="nodes (with --any-gpu: also search 2, 4, ... up to this many nodes of --max-gpus GPUs)")
@@ -253,15 +250,15 @@ def build_parser() -> argparse.ArgumentParser:
     pln.add_argument("--host-ram", type=_host_ram_argument, default=_P["host_ram"].default, action=_StoreGiven,
                      help="host RAM per node, with its unit; auto (the default) assumes the listed instance "
                      f"with these GPUs (specs/prices.json), else {seed_machine_text(sentence=False)}")
-    pln.add_argument("--seq", type=_positive_int, default=_P["seq"].default, help="target sequence length")
-    pln.add_argument("--batch", type=_batch, default=_P["batch"].default,
+    pln.add_argument("--seq", type=_positive_int, default=DEFAULTS.seq, help="target sequence length")
+    pln.add_argument("--batch", type=_batch, default=DEFAULTS.batch,
                      help="the user's micro-batch per GPU")
-    pln.add_argument("--precision", choices=[p.value for p in Precision], default=_P["precision"].default,
+    pln.add_argument("--precision", choices=[p.value for p in Precision], default=DEFAULTS.precision.value,
                      help="the user's precision")
-    pln.add_argument("--optimizer", choices=[o.value for o in Optimizer], default=_P["optimizer"].default,
+    pln.add_argument("--optimizer", choices=[o.value for o in Optimizer], default=DEFAULTS.optimizer.value,
                      help="the user's optimizer")
     pln.add_argument("--checkpointing", action="store_true", help="the user's run used activation checkpointing")
-    pln.add_argument("--lora-rank", type=_positive_int, default=_P["lora_rank"].default,
+    pln.add_argument("--lora-rank", type=_positive_int, default=DEFAULTS.lora_rank,
                      help="LoRA rank of the LoRA/QLoRA remedies")
     pln.add_argument("--top", type=_positive_int, default=15, help="remedies shown (--json has all)")
     pln.add_argument("--write-configs", type=_path, nargs="?", const=CONFIGS_DIR, default=None, metavar="DIR",

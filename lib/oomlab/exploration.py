@@ -17,7 +17,7 @@ from typing import Any
 
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.result import BudgetResult, Fit, MemCategory
-from oomlab.core.choices import Strategy
+from oomlab.core.defaults import DEFAULTS, launch_strategy
 from oomlab.core.errors import OomlabError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ALL_LINEAR, ModelSpec, load_model
@@ -38,37 +38,35 @@ GREEN, AMBER, RED = (FIT_COLORS[fit].text for fit in (Fit.FITS, Fit.GPU_ONLY, Fi
 
 
 def registry_default(name: str) -> Any:
-    """The pipeline registry's default for ``name`` (one set of defaults for notebooks, CLI and explorer)."""
+    """The pipeline registry's default for ``name`` (its setup parameters' defaults are
+    :data:`~oomlab.core.defaults.DEFAULTS`, as every entry point's)."""
     return PARAMETERS[name].default
 
 
 def default_strategy() -> str:
-    """The registry's strategy on the registry's GPU count: its ``ddp`` on one GPU is one process (``single``), as
-    the pipeline reads it (:func:`oomlab.launch.user.user_launch`)."""
-    strategy = registry_default("strategy")
-    return Strategy.SINGLE.value if strategy == Strategy.DDP.value and registry_default("gpus") == 1 else strategy
+    """The default launch on the default GPU count (:func:`oomlab.core.defaults.launch_strategy`)."""
+    return launch_strategy(None, DEFAULTS.gpus * DEFAULTS.nodes).value
 
 
 @dataclass(frozen=True)
 class Choices:
     """What the explorer's controls hold: names as typed on the CLI, sizes in bytes."""
 
-    model: str = registry_default("model")  # shipped spec name or path to a config.json
-    gpu: str = registry_default("gpu")
-    gpus: int = registry_default("gpus")  # GPUs per node
-    nodes: int = 1
+    model: str = DEFAULTS.model  # shipped spec name or path to a config.json
+    gpu: str = DEFAULTS.gpu
+    gpus: int = DEFAULTS.gpus  # GPUs per node
+    nodes: int = DEFAULTS.nodes
     strategy: str = default_strategy()  # a replica per GPU, as the seed ran
-    method: str = registry_default("method")
-    precision: str = registry_default("precision")
-    optimizer: str = registry_default("optimizer")
-    batch: int = registry_default("batch")  # micro-batch per GPU
-    seq: int = registry_default("seq")  # sequence length in tokens
-    checkpointing: bool = registry_default("checkpointing")
-    attention: str = registry_default("attention")
-    lora_rank: int = registry_default("lora_rank")  # used by lora / qlora only
-    lora_targets: tuple[str, ...] = tuple(registry_default("lora_targets").split(","))  # used by lora / qlora only
-    host_ram_bytes: int = resolve_host_ram(registry_default("host_ram"), registry_default("gpu"),
-                                           registry_default("gpus")).host_ram_bytes
+    method: str = DEFAULTS.method.value
+    precision: str = DEFAULTS.precision.value
+    optimizer: str = DEFAULTS.optimizer.value
+    batch: int = DEFAULTS.batch  # micro-batch per GPU
+    seq: int = DEFAULTS.seq  # sequence length in tokens
+    checkpointing: bool = DEFAULTS.checkpointing
+    attention: str = DEFAULTS.attention.value
+    lora_rank: int = DEFAULTS.lora_rank  # used by lora / qlora only
+    lora_targets: tuple[str, ...] = DEFAULTS.lora_targets  # used by lora / qlora only
+    host_ram_bytes: int = resolve_host_ram(registry_default("host_ram"), DEFAULTS.gpu, DEFAULTS.gpus).host_ram_bytes
     outside_mib: float | None = None  # memory outside PyTorch per GPU; None: the shipped figure for the GPU
 
     def setup(self) -> TrainingSetup:

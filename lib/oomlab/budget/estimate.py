@@ -9,8 +9,9 @@ from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.result import SOURCES, BudgetResult, Source
 from oomlab.budget.traced import traced_budget
+from oomlab.core.defaults import DEFAULTS
 from oomlab.core.errors import InvalidValueError, UnknownNameError
-from oomlab.core.setup import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS, make_setup
+from oomlab.core.setup import make_setup
 
 # Name lookups and validation, once per distinct input (typed: 2 and 2.0, 1 and True stay apart, as validate tells them
 # apart); a refused input raises every time (lru_cache keeps no exception).  Setups are frozen, so sharing is safe.
@@ -18,26 +19,28 @@ _validated_setup = lru_cache(maxsize=4096, typed=True)(make_setup)
 
 
 def estimate(
-    model: str = "llama-13b",
-    gpu: str = "t4",
-    gpus: int = 1,
-    nodes: int = 1,
-    strategy: str = "single",
-    method: str = "full",
-    precision: str = "fp16-mixed",
-    optimizer: str = "adamw",
-    batch: int = 1,
-    seq: int = 2048,
-    checkpointing: bool = False,
-    attention: str = "sdpa",
-    lora_rank: int = 8,
-    lora_alpha: int = DEFAULT_LORA_ALPHA,
-    lora_targets: Sequence[str] | str = DEFAULT_LORA_TARGETS,
+    model: str = DEFAULTS.model,
+    gpu: str = DEFAULTS.gpu,
+    gpus: int = DEFAULTS.gpus,
+    nodes: int = DEFAULTS.nodes,
+    strategy: str | None = None,
+    method: str = DEFAULTS.method.value,
+    precision: str = DEFAULTS.precision.value,
+    optimizer: str = DEFAULTS.optimizer.value,
+    batch: int = DEFAULTS.batch,
+    seq: int = DEFAULTS.seq,
+    checkpointing: bool = DEFAULTS.checkpointing,
+    attention: str = DEFAULTS.attention.value,
+    lora_rank: int = DEFAULTS.lora_rank,
+    lora_alpha: int = DEFAULTS.lora_alpha,
+    lora_targets: Sequence[str] | str = DEFAULTS.lora_targets,
     source: str = "analytic",
     outside_bytes: int | None = None,
     deepspeed: DeepSpeedSettings | None = None,
 ) -> BudgetResult:
-    """Per-GPU memory of one training step of ``model`` on ``gpus`` × ``gpu`` (see :func:`make_setup`).
+    """Per-GPU memory of one training step of ``model`` on ``gpus`` × ``gpu`` (see :func:`make_setup`); what is not
+    given is :data:`~oomlab.core.defaults.DEFAULTS`' (the seed's 4 × T4, a replica per GPU), the same run ``python -m
+    oomlab budget`` and the pipeline budget with no options; no ``strategy``: a replica per GPU, one process on one.
 
     ``source="traced"`` runs PyTorch's MemTracker on fake tensors instead (seconds; :mod:`oomlab.budget.traced`).
     ``deepspeed``: DeepSpeed's knobs for the ``zero*`` strategies (default: what the HF integration resolves

@@ -11,14 +11,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, choice
+from oomlab.core.defaults import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS, DEFAULTS, launch_strategy  # noqa: F401 (re-exported)
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ALL_LINEAR, ModelSpec, load_model
-
-# LLaMA's names for the attention projections; in a family that names them otherwise (GPT-NeoX's query_key_value and
-# dense, Phi-3's qkv_proj and o_proj, ...) the default means that family's attention projections
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-DEFAULT_LORA_ALPHA = 16  # scales the adapter's update, changes no memory (peft's LoraConfig default is 8)
 
 
 def lora_targets_for(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[str, ...]:
@@ -152,23 +148,25 @@ def _validate_deepspeed(setup: TrainingSetup) -> None:
 
 
 def make_setup(
-    model: str | ModelSpec = "llama-13b",
-    gpu: str | GPUSpec = "t4",
-    gpus: int = 1,
-    nodes: int = 1,
-    strategy: str | Strategy = "single",
-    method: str | Method = "full",
-    precision: str | Precision = "fp16-mixed",
-    optimizer: str | Optimizer = "adamw",
-    batch: int = 1,
-    seq: int = 2048,
-    checkpointing: bool = False,
-    attention: str | Attention = "sdpa",
-    lora_rank: int = 8,
-    lora_alpha: int = DEFAULT_LORA_ALPHA,
-    lora_targets: Sequence[str] | str = DEFAULT_LORA_TARGETS,
+    model: str | ModelSpec = DEFAULTS.model,
+    gpu: str | GPUSpec = DEFAULTS.gpu,
+    gpus: int = 1,  # TODO(issue 21): DEFAULTS.gpus once every caller names its GPU count
+    nodes: int = DEFAULTS.nodes,
+    strategy: str | Strategy | None = None,
+    method: str | Method = DEFAULTS.method,
+    precision: str | Precision = DEFAULTS.precision,
+    optimizer: str | Optimizer = DEFAULTS.optimizer,
+    batch: int = DEFAULTS.batch,
+    seq: int = DEFAULTS.seq,
+    checkpointing: bool = DEFAULTS.checkpointing,
+    attention: str | Attention = DEFAULTS.attention,
+    lora_rank: int = DEFAULTS.lora_rank,
+    lora_alpha: int = DEFAULTS.lora_alpha,
+    lora_targets: Sequence[str] | str = DEFAULTS.lora_targets,
 ) -> TrainingSetup:
-    """Build and validate a :class:`TrainingSetup` from names (as typed on the CLI) or objects."""
+    """Build and validate a :class:`TrainingSetup` from names (as typed on the CLI) or objects; what is not given is
+    :data:`~oomlab.core.defaults.DEFAULTS`', and the strategy follows :func:`~oomlab.core.defaults.launch_strategy`
+    (none: a replica per GPU; ``ddp`` over one GPU in all is ``single``)."""
     if isinstance(lora_targets, str):
         lora_targets = tuple(t.strip() for t in lora_targets.split(",") if t.strip())
     return validate(
@@ -177,7 +175,8 @@ def make_setup(
             gpu=gpu if isinstance(gpu, GPUSpec) else load_gpu(gpu),
             gpus=gpus,
             nodes=nodes,
-            strategy=choice(Strategy, strategy, "strategy"),
+            strategy=launch_strategy(strategy, gpus * nodes if isinstance(gpus, int) and isinstance(nodes, int)
+                                     else 0),
             method=choice(Method, method, "method"),
             precision=choice(Precision, precision, "precision"),
             optimizer=choice(Optimizer, optimizer, "optimizer"),

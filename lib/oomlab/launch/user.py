@@ -32,10 +32,8 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
     defaults = defaults or {}
     spec = load_model(params["model"])
     values = {name: params[name] for name in PARAM_FIELDS}
-    one_process = values["strategy"] == Strategy.DDP.value and values["gpus"] == 1
-    if one_process:
-        values["strategy"] = Strategy.SINGLE
-    setup = make_setup(model=spec, gpu=params["gpu"], **values)
+    setup = make_setup(model=spec, gpu=params["gpu"], **values)  # ddp on one GPU is single: launch_strategy
+    one_process = setup.strategy.value != values["strategy"]
     fields: dict[str, Sourced] = {}
     for name in ("model", *PARAM_FIELDS):
         value = params[name]

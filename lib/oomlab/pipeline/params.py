@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from oomlab.core.choices import MESSAGE_FORMAT_NAMES, Attention, Device, Method, Optimizer, Precision, Strategy
+from oomlab.core.defaults import DEFAULTS
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ALL_LINEAR, load_model
 from oomlab.core.prices import HOST_RAM_AUTO, seed_machine_text
-from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_GPUS, SEED_MODEL
-from oomlab.core.setup import DEFAULT_LORA_TARGETS, MAX_GPUS_PER_NODE
+from oomlab.core.setup import MAX_GPUS_PER_NODE
 from oomlab.core.units import MiB, format_size, parse_memory_size
 from oomlab.core.user_input import MAX_INT_DIGITS, SHOWN_CHARS, load_user_yaml, read_user_text, shown
 
@@ -45,7 +45,7 @@ class Param:
 def _lora_targets(value: str) -> str:
     names = [t.strip() for t in value.split(",") if t.strip()]
     if not names:
-        raise InvalidValueError(f"no LoRA target modules in {shown(value)}; e.g. {','.join(DEFAULT_LORA_TARGETS)}")
+        raise InvalidValueError(f"no LoRA target modules in {shown(value)}; e.g. {','.join(DEFAULTS.lora_targets)}")
     return ",".join(names)
 
 
@@ -71,30 +71,33 @@ MAX_TOKENS = 2**24  # batch x seq per GPU: 16M tokens, beyond any GPU's memory f
 PARAMETERS: dict[str, Param] = {
     p.name: p
     for p in (
-        Param("model", str, SEED_MODEL, "shipped model name or path to a config.json",
+        Param("model", str, DEFAULTS.model, "shipped model name or path to a config.json",
               canonical=lambda v: load_model(v).name),
-        Param("dtype", str, SEED_DTYPE, "storage dtype of the weights",
+        Param("dtype", str, DEFAULTS.dtype, "storage dtype of the weights",
               canonical=lambda v: load_dtype(v).name),
-        Param("gpu", str, SEED_GPU, "GPU model", canonical=lambda v: load_gpu(v).name),
-        Param("gpus", int, SEED_GPUS, "number of GPUs", minimum=1),
+        Param("gpu", str, DEFAULTS.gpu, "GPU model", canonical=lambda v: load_gpu(v).name),
+        Param("gpus", int, DEFAULTS.gpus, "number of GPUs", minimum=1),
         Param("non_pytorch_mib", float, None, "MiB held on the GPU outside PyTorch (None: measured/default)",
               minimum=0),
         Param("device", str, "auto", "where to reproduce the failure", choices=tuple(d.value for d in Device)),
         Param("message_format", str, "auto", "which PyTorch OOM message to print: old = torch<=2.0, new = torch>=2.1, "
               "auto = the seed's old one for the seed's case, else new", choices=("auto", *MESSAGE_FORMAT_NAMES)),
-        Param("precision", str, "fp16-mixed", "training precision", choices=tuple(p.value for p in Precision)),
-        Param("optimizer", str, "adamw", "optimizer", choices=tuple(o.value for o in Optimizer)),
-        Param("batch", int, 1, "micro-batch per GPU", minimum=1, maximum=MAX_BATCH),
-        Param("seq", int, 2048, "sequence length in tokens", minimum=1),
-        Param("checkpointing", bool, False, "activation checkpointing in the user's configuration"),
-        Param("attention", str, "sdpa", "attention implementation", choices=tuple(a.value for a in Attention)),
-        Param("lora_rank", int, 8, "the user's LoRA rank (method lora/qlora), and the LoRA/QLoRA remedies'",
-              minimum=1),
-        Param("strategy", str, "ddp", "the user's launch when no launch_dir says (ddp on one GPU is single)",
+        Param("precision", str, DEFAULTS.precision.value, "training precision",
+              choices=tuple(p.value for p in Precision)),
+        Param("optimizer", str, DEFAULTS.optimizer.value, "optimizer", choices=tuple(o.value for o in Optimizer)),
+        Param("batch", int, DEFAULTS.batch, "micro-batch per GPU", minimum=1, maximum=MAX_BATCH),
+        Param("seq", int, DEFAULTS.seq, "sequence length in tokens", minimum=1),
+        Param("checkpointing", bool, DEFAULTS.checkpointing, "activation checkpointing in the user's configuration"),
+        Param("attention", str, DEFAULTS.attention.value, "attention implementation",
+              choices=tuple(a.value for a in Attention)),
+        Param("lora_rank", int, DEFAULTS.lora_rank,
+              "the user's LoRA rank (method lora/qlora), and the LoRA/QLoRA remedies'", minimum=1),
+        Param("strategy", str, DEFAULTS.strategy.value, "the user's launch when no launch_dir says (ddp on one GPU is "
+              "single)",
               choices=tuple(s.value for s in Strategy)),
-        Param("method", str, "full", "what the user's run trains when no launch_dir says",
+        Param("method", str, DEFAULTS.method.value, "what the user's run trains when no launch_dir says",
               choices=tuple(m.value for m in Method)),
-        Param("lora_targets", str, ",".join(DEFAULT_LORA_TARGETS), "the user's LoRA target modules, "
+        Param("lora_targets", str, ",".join(DEFAULTS.lora_targets), "the user's LoRA target modules, "
               f"comma-separated (names of the model's nn.Linear modules, or {ALL_LINEAR})",
               canonical=_lora_targets),
         Param("launch_dir", str, None, "a folder of the user's launch files (launch.txt, accelerate*.yaml, a "

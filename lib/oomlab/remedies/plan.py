@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from oomlab.budget.result import Fit
-from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy, choice
+from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ModelSpec, load_model
@@ -203,10 +203,8 @@ def seed_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int
                method: str | Method = "full", lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS,
                lora_alpha: int = DEFAULT_LORA_ALPHA) -> TrainingSetup:
     """The configuration as given; by default the seed's: a full replica per GPU (``model.to('cuda')`` in each
-    process), full fine-tuning.  ``strategy`` None or ``ddp`` on one GPU is ``single``."""
-    one_gpu = gpus * nodes == 1
-    if strategy is None or (one_gpu and choice(Strategy, strategy, "strategy") is Strategy.DDP):
-        strategy = Strategy.SINGLE if one_gpu else Strategy.DDP
+    process), full fine-tuning.  ``strategy`` None or ``ddp`` on one GPU is ``single``
+    (:func:`oomlab.core.defaults.launch_strategy`, in :func:`make_setup`)."""
     return make_setup(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
                       precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,
                       attention=attention, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)
