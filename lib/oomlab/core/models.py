@@ -9,7 +9,10 @@ biases, ``head_dim`` where it is not ``hidden / heads``.  Each :class:`Family` s
 against the model built on ``meta``.  What is not a supported decoder-only family is refused by :func:`check_supported`
 before any work.
 
-Shipped specs live in ``specs/models/*.json``; a path to a ``config.json`` (or its folder) works the same way.
+Shipped specs live in ``specs/models/*.json``; a path to a ``config.json`` (or its folder) works the same way.  A
+shipped spec is resolved from the committed table of what its config class resolved
+(:mod:`oomlab.core.resolved`, re-derived by a test), so the analytic path imports no transformers; a user's
+``config.json`` goes through the config class itself.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from oomlab.core.layouts import (  # noqa: F401  (ALL_LINEAR, PROJECTIONS: re-ex
     q_dim_of,
 )
 from oomlab.core.paths import MODEL_SPECS_DIR
-from oomlab.core.quiet import quiet_libraries
+from oomlab.core.resolved import LEGACY_KEYS, ResolvedConfig, config_object, shipped_resolved
 from oomlab.core.user_input import SHOWN_CHARS, load_user_json, read_user_text, shown
 
 
@@ -68,7 +71,9 @@ class ModelSpec:
 
     @cached_property
     def resolved(self) -> Any:
-        """The transformers config object (defaults filled in); shared -- do not modify (see :meth:`hf_config`)."""
+        """The config as its class resolves it (defaults filled in), read by attribute: for a shipped spec the
+        committed :class:`~oomlab.core.resolved.ResolvedConfig` (no transformers), else the transformers config object;
+        shared -- do not modify (see :meth:`hf_config`)."""
         return self.hf_config()
 
     @cached_property
@@ -214,12 +219,6 @@ class ModelSpec:
         return config_object(self.model_type, self.config)
 
 
-# config.json keys that are not config-class arguments: the model_type picks the class; auto_map names custom code
-# oomlab does not run (a supported family's own classes are used instead, as trust_remote_code=False does)
-_NOT_CONFIG_FIELDS = ("model_type", "auto_map")
-# Names older transformers mapped onto the config (FalconConfig.attribute_map in transformers 4.x); transformers 5
-# keeps them as unknown attributes and silently uses its defaults (71 heads, 32 layers) instead: mapped here
-_LEGACY_KEYS = {"falcon": {"n_head": "num_attention_heads", "n_layer": "num_hidden_layers", "n_embed": "hidden_size"}}
 # fields a config.json must give (or an alias the config class maps, e.g. Falcon's n_head): no default is a model
 _REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
 # geometry fields that must be positive integers where a config.json gives them (``null`` allowed only where the
@@ -257,13 +256,6 @@ def known_models() -> list[str]:
 def check_supported(raw: Mapping[str, Any], source: str) -> Family:
     """The :class:`Family` of a ``config.json``'s fields, or a clear refusal: what was found, what is supported,
     what to pass instead (encoder-decoder, vision-language, custom code, other architectures)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
-        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
-    )
-
     supported = f"oomlab budgets decoder-only causal LMs of the families {', '.join(FAMILY_NAMES)}"
     instead = f"pass a shipped model ({', '.join(known_models()[:4])}, ...) or the config.json of a supported one"
     model_type = raw.get("model_type")
@@ -276,6 +268,14 @@ def check_supported(raw: Mapping[str, Any], source: str) -> Family:
         return Family(model_type)
     except ValueError:
         pass
+    # only to say why a config is refused: a supported family never loads transformers here
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    )
+
     text = raw.get("text_config")
     if model_type not in CONFIG_MAPPING_NAMES:
         what = f"custom code (auto_map: {_listed(raw['auto_map'])}, which needs trust_remote_code)" \
@@ -312,21 +312,6 @@ def _transformers_version() -> str:
     import transformers
 
     return transformers.__version__
-
-
-def config_object(model_type: str, raw: Mapping[str, Any]) -> Any:
-    """``AutoConfig.for_model(model_type, **fields)`` over a ``config.json``'s fields (``_``-keys and the custom-code
-    ``auto_map`` left out), transformers' chatter silenced."""
-    from transformers import AutoConfig
-
-    fields = {k: v for k, v in raw.items() if not k.startswith("_") and k not in _NOT_CONFIG_FIELDS}
-    for legacy, key in _LEGACY_KEYS.get(model_type, {}).items():
-        if legacy in fields:
-            value = fields.pop(legacy)
-            if fields.setdefault(key, value) != value:
-                raise InvalidValueError(f"config.json gives {legacy}={shown(value)} and {key}={shown(fields[key])}")
-    with quiet_libraries():
-        return AutoConfig.for_model(model_type, **fields)
 
 
 def check_fields(raw: Any, source: str) -> None:
@@ -398,22 +383,17 @@ def _check_geometry(spec: ModelSpec, source: str) -> None:
                                 f"experts; accepted: 1 to {experts} experts per token")
 
 
-def _model_from_dict(name: str, raw: dict[str, Any], source: str) -> ModelSpec:
+def _model_from_dict(name: str, raw: dict[str, Any], source: str,
+                     resolved: ResolvedConfig | None = None) -> ModelSpec:
+    """A spec from a ``config.json``'s fields, checked; ``resolved`` (a shipped spec's committed resolution) spares
+    running the config class."""
     check_fields(raw, source)
     family = check_supported(raw, source)
     for key in _REQUIRED:
         if key not in raw and not any(alias in raw for alias in _aliases(family, key)):
             raise InvalidValueError(f"model config {shown(source)} lacks the field {key!r} (required: "
                                     f"{', '.join(_REQUIRED)}; accepted: a positive integer)")
-    from huggingface_hub.errors import StrictDataclassError  # transformers 5's config validation
-
-    try:
-        cfg = config_object(family.value, raw)
-    except (TypeError, ValueError, StrictDataclassError) as err:
-        detail = " ".join(str(err).split())
-        detail = detail if len(detail) <= 4 * SHOWN_CHARS else detail[:4 * SHOWN_CHARS] + "…"
-        raise InvalidValueError(f"model config {shown(source)} is refused by transformers' {family.value} config "
-                                f"class: {detail}") from err
+    cfg = resolved if resolved is not None else _resolve(family, raw, source)
     intermediate = getattr(cfg, "intermediate_size", None) or cfg.ffn_hidden_size  # Falcon: ffn_hidden_size
     spec = ModelSpec(
         name=name, model_type=family.value, hidden_size=int(cfg.hidden_size), intermediate_size=int(intermediate),
@@ -423,16 +403,29 @@ def _model_from_dict(name: str, raw: dict[str, Any], source: str) -> ModelSpec:
         tie_word_embeddings=bool(cfg.tie_word_embeddings), source=str(raw.get("_source", source)),
         config=MappingProxyType(dict(raw)),
     )
-    spec.__dict__["resolved"] = cfg  # fill the cached_property: the config class has run once already
+    spec.__dict__["resolved"] = cfg  # fill the cached_property: the config class has run (or its table was read)
     _check_geometry(spec, source)
     return spec
+
+
+def _resolve(family: Family, raw: Mapping[str, Any], source: str) -> Any:
+    """The config object transformers' config class makes of ``raw``, or a refusal quoting its reason."""
+    from huggingface_hub.errors import StrictDataclassError  # transformers 5's config validation
+
+    try:
+        return config_object(family.value, raw)
+    except (TypeError, ValueError, StrictDataclassError) as err:
+        detail = " ".join(str(err).split())
+        detail = detail if len(detail) <= 4 * SHOWN_CHARS else detail[:4 * SHOWN_CHARS] + "…"
+        raise InvalidValueError(f"model config {shown(source)} is refused by transformers' {family.value} config "
+                                f"class: {detail}") from err
 
 
 def _aliases(family: Family, key: str) -> tuple[str, ...]:
     """Other config.json names for ``key``: the config class's ``attribute_map`` and :data:`_LEGACY_KEYS`."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    mapping = {**getattr(CONFIG_MAPPING[family.value], "attribute_map", {}), **_LEGACY_KEYS.get(family.value, {})}
+    mapping = {**getattr(CONFIG_MAPPING[family.value], "attribute_map", {}), **LEGACY_KEYS.get(family.value, {})}
     return tuple(alias for alias, target in mapping.items() if target == key)
 
 
@@ -449,7 +442,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     looks_like_path = "/" in key or "\\" in key or key.lower().endswith(".json")
     shipped = MODEL_SPECS_DIR / f"{key.lower()}.json"
     if not looks_like_path and key.lower() in known_models():
-        return _model_from_dict(key.lower(), json.loads(shipped.read_text()), str(shipped))
+        raw = json.loads(shipped.read_text())
+        return _model_from_dict(key.lower(), raw, str(shipped), shipped_resolved(key.lower(), raw))
     path = Path(key).expanduser()
     try:
         if path.is_dir():
