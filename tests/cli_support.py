@@ -16,3 +16,7 @@ def run_refused(argv: list[str], capsys, never_called: str) -> tuple[int, str]:
         except SystemExit as exc:
             code = exc.code
     return code, capsys.readouterr().err
+
+# A test that guards against a hang (a blocking read, unbounded work) fails past this many seconds: far above any
+# real answer's time even on a busy machine, so it fails for a hang, never for a slow machine (benchmarks/ time things).
+HANG_S = 60

@@ -17,6 +17,7 @@ from oomlab.core.paths import GPU_SPECS_DIR
 from oomlab.core.prices import load_prices, resolve_host_ram
 from oomlab.core.units import parse_memory_size
 from oomlab.core.user_input import shown
+from tests.cli_support import HANG_S
 
 LLAMA_7B = dict(load_model("llama-7b").config)
 MIXTRAL = dict(load_model("mixtral-8x7b").config)
@@ -67,7 +68,7 @@ def test_config_counts_bounded(tmp_path: Path, overrides: dict, message: str | N
         load_model(str(path))
     assert message in str(err.value)
     assert len(str(err.value)) < 600
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < HANG_S  # a hang guard (a minute per layer before), not a speed target
 
 
 @pytest.mark.parametrize(
@@ -114,7 +115,7 @@ def test_config_fifo_refused_without_blocking(tmp_path: Path) -> None:
     start = time.perf_counter()
     with pytest.raises(InvalidValueError, match=r"is a FIFO \(named pipe\); give a regular file"):
         load_model(str(path))
-    assert time.perf_counter() - start < 2
+    assert time.perf_counter() - start < HANG_S  # a hang guard (a blocking read never returns), not a speed target
 
 
 def test_config_huge_name_clipped() -> None:

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oomlab.cli import main
+from tests.cli_support import HANG_S
 
 # a value of any kind a user might write, valid or not
 SCALARS = st.one_of(
@@ -114,7 +115,7 @@ def warm() -> None:
         assert main(["check", "--gpu", "a100-80gb", "--model", "llama-7b"]) == 0
 
 
-@settings(max_examples=80, deadline=timedelta(seconds=10), derandomize=True, database=None,
+@settings(max_examples=80, deadline=timedelta(seconds=HANG_S), derandomize=True, database=None,  # a hang guard
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(accelerate=st.none() | ACCELERATE, deepspeed=st.none() | DEEPSPEED, training_args=st.none() | TRAINING_ARGS,
        command=st.none() | commands(), model=st.sampled_from(["llama-7b", "qwen2.5-0.5b"]),
