@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from oomlab.core.models import known_models, load_model
-from oomlab.core.paths import SPECS_DIR
+from oomlab.core.paths import MODEL_SPECS_DIR, SPECS_DIR
 from oomlab.core.resolved import config_digest
 
 REPLICA_RESERVED = SPECS_DIR / "replica-reserved.json"
@@ -43,7 +43,7 @@ def derive_table() -> dict[str, Any]:
     """The table, walked afresh: every shipped model in each of :data:`SHIPPED_DTYPES`."""
     from oomlab.reproduction.walk import unlimited_walk  # torch: regenerating the shipped figures
 
-    models = {name: {"config_sha256": config_digest(load_model(name).config),
+    models = {name: {"config_sha256": config_digest(json.loads((MODEL_SPECS_DIR / f"{name}.json").read_text())),
                      "reserved_bytes": {dtype: unlimited_walk(name, dtype)[-1].reserved_bytes
                                         for dtype in SHIPPED_DTYPES}}
               for name in known_models()}
