@@ -1,6 +1,6 @@
-"""The house by stage: imports run one way only (core → reproduction → explanation → budget → remedies → launch →
-report → pipeline, with cli and the explorer (explorer, exploration) on top), no import cycles, no private names
-imported across modules -- checked on the source (AST), function-level imports included."""
+"""The house by stage: imports run one way only (core → reproduction → explanation → budget → instruments → remedies →
+launch → evidence → report → pipeline, with cli and the explorer (explorer, exploration) on top), no import cycles, no
+private names imported across modules -- checked on the source (AST), function-level imports included."""
 
 from __future__ import annotations
 
@@ -16,9 +16,13 @@ import pytest
 
 import oomlab
 
-# launch reads the user's files into a setup (with budget's DeepSpeed reader) and checks it with remedies' knobs, so it
-# comes after remedies; the report and the pipeline start from it
-STAGES = ("core", "reproduction", "explanation", "budget", "remedies", "launch", "report", "pipeline")
+# budget is the estimator (analytic, and traced on fake tensors: estimate()'s two sources); the instruments run a real
+# step and measure it, on budget's model builder; launch reads the user's files into a setup (with budget's DeepSpeed
+# reader) and checks it with remedies' knobs, so it comes after remedies; the evidence (measured or traced beside
+# analytic, the remedies' checks, the launch files' CPU runs, the doc generators) comes after everything it evaluates;
+# the report and the pipeline start from the setup and need no evidence (notebooks import it directly)
+STAGES = ("core", "reproduction", "explanation", "budget", "instruments", "remedies", "launch", "evidence", "report",
+          "pipeline")
 # the modules on top, by module name (a stray ``oomlab.x.cli`` or a new subpackage is not one of them)
 TOP = ("oomlab", "oomlab.cli", "oomlab.exploration", "oomlab.explorer", "oomlab.__main__")
 PACKAGE = Path(oomlab.__file__).parent
@@ -227,7 +231,7 @@ def test_help_loads_no_torch() -> None:
 
 def test_docstrings_name_the_stage_order() -> None:
     """The package docstring lists the stages in STAGES' order, and each stage's ``__init__`` says its number
-    (``Stage 5`` is launch: a docstring written before launch came would skip it)."""
+    (``Stage 6`` is launch: a docstring written before launch came would skip it)."""
     named = [n for n in re.findall(r"``(\w+)``", oomlab.__doc__ or "") if n in STAGES]
     assert tuple(named) == STAGES
     for rank, stage in enumerate(STAGES[1:], start=1):

@@ -1,4 +1,5 @@
-"""Traced memory (oomlab.budget.traced) against real tensors measured by the CPU allocator (oomlab.budget.measured)."""
+"""Traced memory (oomlab.budget.traced) against real tensors measured by the CPU allocator
+(oomlab.instruments.measured)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import time
 import pytest
 
 from oomlab.budget import step, traced
-from oomlab.budget.measured import measure_real
 from oomlab.budget.result import Phase
 from oomlab.budget.step import tiny_setup
 from oomlab.budget.traced import trace_step
 from oomlab.budget.tracker import TraceResult
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.setup import make_setup
+from oomlab.instruments.measured import measure_real
 
 # bitsandbytes logs at import, transformers deprecates its own alias internally (peft calls it)
 pytestmark = [
@@ -160,7 +161,7 @@ def test_full_size_smoke():
 
 def test_ddp_default_buckets_add_one_gradient_copy():
     """DDP(gradient_as_bucket_view=False) holds one more copy of the gradients than a single-GPU step (gloo, 1 rank)."""
-    from oomlab.budget.measured import measure_ddp_buckets
+    from oomlab.instruments.measured import measure_ddp_buckets
 
     buckets = measure_ddp_buckets(tiny_setup())
     assert buckets.bucket_bytes == buckets.gradient_bytes

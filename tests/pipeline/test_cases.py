@@ -5,14 +5,14 @@ import re
 
 import pytest
 
-from oomlab.budget import agreement
 from oomlab.budget import display as br
 from oomlab.core.gpus import load_gpu
+from oomlab.evidence import agreement, checks
 from oomlab.explanation.explain import explain
 from oomlab.launch.user import setup_kwargs, user_launch
 from oomlab.pipeline.params import PARAMETERS
-from oomlab.remedies import checks, launch_dir
 from oomlab.remedies import display as rd
+from oomlab.remedies import launch_dir
 from oomlab.remedies.plan import Outcome, make_plan
 from oomlab.report import story
 from oomlab.report.results import (

@@ -8,10 +8,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from oomlab.budget import agreement
 from oomlab.budget import display as br
 from oomlab.core.gpus import load_gpu
 from oomlab.core.paths import NOTEBOOKS_DIR
+from oomlab.evidence import agreement
 from oomlab.launch.user import PARAM_FIELDS, setup_kwargs, user_launch
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.remedies.plan import make_plan, seed_setup

@@ -15,7 +15,8 @@ from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
 from oomlab.core.models import load_model
 from oomlab.core.paths import TEMPLATES_DIR
 from oomlab.core.setup import make_setup
-from oomlab.remedies import cpu_launch, deepspeed_configs, launch_dir, launch_files
+from oomlab.evidence import cpu_launch
+from oomlab.remedies import deepspeed_configs, launch_dir, launch_files
 from oomlab.remedies.plan import make_plan
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,

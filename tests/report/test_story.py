@@ -10,13 +10,13 @@ import pytest
 from bs4 import BeautifulSoup
 from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
-from oomlab.budget import agreement
 from oomlab.budget.display import budget_variants, seed_variants
 from oomlab.core import seed
 from oomlab.core.gpus import load_gpu
 from oomlab.core.paths import MODEL_SPECS_DIR
+from oomlab.evidence import agreement
+from oomlab.evidence.checks import verification
 from oomlab.explanation.explain import explain
-from oomlab.remedies.checks import verification
 from oomlab.remedies.display import micro_batches
 from oomlab.remedies.launch_dir import launch_command, write_configs
 from oomlab.remedies.plan import make_plan

@@ -8,11 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from oomlab.budget.agreement import NotTraced
 from oomlab.budget.estimate import estimate
 from oomlab.budget.inventory import model_states
 from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
-from oomlab.budget.small_scale import SMALL_CASES, compare_small
 from oomlab.core.choices import Optimizer, Precision
 from oomlab.core.errors import OomlabError
 from oomlab.core.setup import DEFAULT_LORA_ALPHA, make_setup
@@ -165,25 +163,6 @@ def budget_variants(variants: list[tuple[str, dict[str, Any]]]) -> list[tuple[st
     return out
 
 
-def agreement_rows(committed: dict[str, Any]) -> list[list[str]]:
-    rows = []
-    for r in committed["rows"]:
-        name, delta = r["worst_component"]
-        rows.append([r["setup"], format_size(r["analytic_peak_bytes"]), format_size(r["traced_peak_bytes"]),
-                     f"{r['ratio']:.4f}", f"{r['analytic_phase']} / {r['traced_phase']}", f"{name} {delta:+.2%}"])
-    return rows
-
-AGREEMENT_HEADERS = ["setup", "analytic", "traced", "ratio", "phase (analytic / traced)",
-                     "worst component (of the peak)"]
-
-
-def analytic_only_rows(committed: dict[str, Any]) -> list[list[str]]:
-    return [[r["setup"], format_size(r["analytic_peak_bytes"]), r["analytic_phase"], NotTraced[r["reason"]].value]
-            for r in committed["analytic_only"]]
-
-ANALYTIC_ONLY_HEADERS = ["setup", "analytic", "phase", "why not traced"]
-
-
 def training_words(strategy: str, method: str, precision: str, optimizer: str, batch: int, seq: int) -> str:
     """A training configuration in words: ``ddp, full fine-tuning, fp16-mixed, adamw, micro-batch 1 × 2048 tokens``."""
     return f"{strategy}, {method} fine-tuning, {precision}, {optimizer}, micro-batch {batch} × {seq} tokens"
@@ -224,18 +203,3 @@ def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
     else:
         lines.append("None of these variants fits this GPU; see the remediations notebook for the rest.")
     return "\n\n".join(lines)
-
-SMALL_LIVE_CASES = ("full fp16-mixed AdamW", "LoRA r8 fp16-mixed AdamW, checkpointing",
-                    "QLoRA r8 bf16-mixed AdamW (NF4, double quant)")
-
-SMALL_HEADERS = ["tiny setup (trained for real on CPU)", "analytic", "measured", "ratio", "peak phase"]
-
-
-def small_scale_rows(labels: Sequence[str] = SMALL_LIVE_CASES) -> list[list[str]]:
-    """Measure a few tiny setups for real now (seconds each) and set the analytic figure beside each."""
-    rows = []
-    for case in (c for c in SMALL_CASES if c.label in labels):
-        r = compare_small(case)
-        rows.append([case.label, f"{r.analytic_peak_bytes:,} B", f"{r.measured_peak_bytes:,} B", f"{r.ratio:.4f}",
-                     r.analytic_peak_phase.value])
-    return rows

@@ -16,7 +16,7 @@ Modelling choices (so traced, measured and analytic agree on what is modelled):
   stored in the compute dtype** -- fp16 for ``fp16-mixed``, bf16 for ``bf16-mixed`` -- because a frozen base is
   kept in half in practice; the adapters are float32 for ``*-mixed`` (peft's ``autocast_adapter_dtype``) and in
   the model dtype otherwise. ``qlora`` needs real weights (bitsandbytes' NF4 kernels run on real data); it is
-  built by :mod:`oomlab.budget.measured`.
+  built by :mod:`oomlab.instruments.measured`.
 - optimizer ``adamw``: ``torch.optim.AdamW(foreach=True)`` and ``sgd``: ``SGD(momentum=0.9, foreach=True)`` --
   ``foreach`` is what PyTorch picks by default for CUDA parameters (on CPU it would not), so the optimizer
   temporaries (AdamW's ``sqrt(v)`` over all parameters at once) match a GPU run; ``adamw-fused``:
@@ -174,14 +174,15 @@ def build_model(setup: TrainingSetup, device: str, dtypes: StepDTypes | None = N
     """The setup's model on ``device`` ("meta" for traces, "cpu" for real tiny runs), in training mode.
 
     Checkpointing and attention are set on the transformers model; LoRA is applied with peft. QLoRA is built
-    by :mod:`oomlab.budget.measured` (it needs real weights to quantize). ``dtypes``: other than the setup's own
+    by :mod:`oomlab.instruments.measured` (it needs real weights to quantize). ``dtypes``: other than the setup's own
     (:func:`step_dtypes`) -- the one-layer inventory builds each regime's dtypes directly.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     if setup.method is Method.QLORA:
-        raise InvalidValueError("method 'qlora' needs real weights; build it with oomlab.budget.measured.real_model")
+        raise InvalidValueError(
+            "method 'qlora' needs real weights; build it with oomlab.instruments.measured.real_model")
     setup.model.check_attention(setup.attention.value)
     dtypes = dtypes or step_dtypes(setup)
     config = setup.model.hf_config()

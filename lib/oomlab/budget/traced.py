@@ -10,7 +10,7 @@ The traced step is the **first** step after building the model (the optimizer cr
 the analytic budget models (later steps start with the optimizer state already allocated).
 
 - strategy ``single`` and ``ddp``: the same per-rank trace (DDP's gradient buckets are measured by
-  :func:`oomlab.budget.measured.measure_ddp_buckets`); ``fsdp`` / ``fsdp-offload``: FSDP2 ``fully_shard`` per
+  :func:`oomlab.instruments.measured.measure_ddp_buckets`); ``fsdp`` / ``fsdp-offload``: FSDP2 ``fully_shard`` per
   decoder layer and the root over a fake process group of ``world_size`` ranks; ``zero1`` / ``zero2`` are analytic
   only; ``qlora`` and ``adamw-8bit`` are measured only (bitsandbytes' kernels need real data).
 """
@@ -69,12 +69,12 @@ def _check_traceable(setup: TrainingSetup) -> None:
     if setup.method is Method.QLORA:
         raise InvalidValueError(
             "method 'qlora' cannot be traced: bitsandbytes' NF4 kernels need real data (not FakeTensorMode); "
-            "measure a tiny model with oomlab.budget.measured.measure_steps, or use source='analytic'"
+            "measure a tiny model with oomlab.instruments.measured.measure_steps, or use source='analytic'"
         )
     if setup.optimizer is Optimizer.ADAMW_8BIT:
         raise InvalidValueError(
             "optimizer 'adamw-8bit' cannot be traced: bitsandbytes' 8-bit kernels need real data; measure a "
-            "tiny model with oomlab.budget.measured.measure_steps, or use source='analytic'"
+            "tiny model with oomlab.instruments.measured.measure_steps, or use source='analytic'"
         )
 
 

@@ -1,1 +1,1 @@
-"""Stage 7: the pipeline -- the parameter registry (no torch on import) and the papermill runner."""
+"""Stage 9: the pipeline -- the parameter registry (no torch on import) and the papermill runner."""

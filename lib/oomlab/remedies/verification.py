@@ -1,7 +1,7 @@
 """What the small-scale checks record: one measured figure beside the analytic one (:class:`Check`), a set of them
 with when they were measured (:class:`Verification`), and their display rows (:func:`verify_rows`).
 
-The checks themselves are :mod:`oomlab.remedies.checks`; :mod:`oomlab.remedies.checks_cache` keeps their results.
+The checks themselves are :mod:`oomlab.evidence.checks`; :mod:`oomlab.evidence.checks_cache` keeps their results.
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
-"""Stage 6: the report -- results JSON builders, the story told from them, tables, figures (one palette), and the
+"""Stage 8: the report -- results JSON builders, the story told from them, tables, figures (one palette), and the
 self-contained HTML."""

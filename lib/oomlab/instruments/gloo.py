@@ -1,6 +1,6 @@
 """DDP, then FSDP2 ``fully_shard``, on one tiny model in ``world_size`` gloo processes on CPU (spawned here, no
 torchrun): each rank's parameter, gradient and optimizer-state bytes, measured on its local shards, and the losses
-step by step.  :func:`oomlab.remedies.checks.check_fsdp` sets them beside the budget's.
+step by step.  :func:`oomlab.evidence.checks.check_fsdp` sets them beside the budget's.
 
 The run takes 15-25 s on two cores; a rank that aborts (seen on a loaded machine) gets the whole run repeated.
 """

@@ -3,8 +3,8 @@
 import pytest
 
 from oomlab.core.units import MiB
-from oomlab.remedies import checks as verify
-from oomlab.remedies.gloo import WORLD_SIZE
+from oomlab.evidence import checks as verify
+from oomlab.instruments.gloo import WORLD_SIZE
 from oomlab.remedies.verification import VERIFY_HEADERS, Check, CheckUnit, Verification, verify_rows
 
 
@@ -113,7 +113,7 @@ def test_check_round_trips_its_unit() -> None:
 
 def test_records_live_in_verification_only() -> None:
     """checks runs the checks and exports only them: the records, their rows and the gloo world size are read from
-    their own modules (oomlab.remedies.verification, oomlab.remedies.gloo), not re-exported for old import paths."""
+    their own modules (oomlab.remedies.verification, oomlab.instruments.gloo), not re-exported for old import paths."""
     assert set(verify.__all__).isdisjoint({"Check", "CheckUnit", "Verification", "VERIFY_HEADERS", "verify_rows",
                                            "WORLD_SIZE"})
     assert not hasattr(verify, "VERIFY_HEADERS") and not hasattr(verify, "verify_rows")

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from oomlab.budget import families as fam
-from oomlab.budget.agreement import describe
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.result import MemCategory, Phase, Source
 from oomlab.budget.traced import traced_budget
 from oomlab.core.models import Family
+from oomlab.evidence import families as fam
+from oomlab.evidence.agreement import describe
 
 COMMITTED = fam.load_committed()
 ROWS = fam.rows_from_json(COMMITTED)

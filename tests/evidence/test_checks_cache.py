@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from oomlab.remedies.checks_cache import _cache_path, cached_verification
+from oomlab.evidence.checks_cache import _cache_path, cached_verification
 from oomlab.remedies.verification import Check, CheckUnit
 
 NAMES = ("toy",)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from oomlab.budget.analytic import estimate_setup
-from oomlab.budget.small_scale import DOC_FOOTER, DOC_HEADER, SMALL_CASES, compare_small
+from oomlab.evidence.small_scale import DOC_FOOTER, DOC_HEADER, SMALL_CASES, compare_small
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "small-scale-measured.md"
-REGENERATE = "stale: python -m oomlab.budget.small_scale > docs/small-scale-measured.md"
+REGENERATE = "stale: python -m oomlab.evidence small-scale"
 ROW = re.compile(r"^\| (?P<label>[^|]+?) \| [^|(]+\((?P<analytic>[\d,]+) B\) \| [^|(]+\((?P<measured>[\d,]+) B\) "
                  r"\| (?P<ratio>[\d.]+) \| (?P<aphase>\w+) \| (?P<mphase>\w+) \|$", re.MULTILINE)
 

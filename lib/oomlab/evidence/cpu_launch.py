@@ -258,7 +258,7 @@ def run_rank() -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-RANK_COMMAND = "from oomlab.remedies.cpu_launch import run_rank; run_rank()"
+RANK_COMMAND = "from oomlab.evidence.cpu_launch import run_rank; run_rank()"
 
 
 def launch_env(config_file: str | os.PathLike[str], num_processes: int,

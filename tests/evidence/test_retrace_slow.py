@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from oomlab.budget import agreement
+from oomlab.evidence import agreement
 
 COMMITTED = agreement.load_committed()
 KEYS = [tuple(row["key"]) for row in COMMITTED["rows"]]

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from oomlab.budget import agreement
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.result import MemCategory, Phase, Source
+from oomlab.evidence import agreement
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Analytic against traced: the committed matrix that proves the budget.
 
-``python -m oomlab.budget.agreement`` traces every setup of :data:`MATRIX` (PyTorch's MemTracker on fake tensors,
+``python -m oomlab.evidence agreement`` traces every setup of :data:`MATRIX` (PyTorch's MemTracker on fake tensors,
 seconds each, cached), computes the analytic budget, and writes ``lib/oomlab/data/agreement.json`` and
 ``docs/budget-agreement.md``.  Tests check that every ratio is within :data:`TOLERANCE`, that the committed
 analytic figures are the current model's, and re-trace a few setups to check the committed traced figures.
@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import enum
 import json
-import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oomlab.budget import deepspeed_measured
 from oomlab.budget.analytic import estimate_setup
-from oomlab.budget.regenerate import doc_main
 from oomlab.budget.result import ALLOCATED, MemCategory, Phase
 from oomlab.budget.step import library_versions
 from oomlab.budget.traced import traced_budget
@@ -31,6 +28,7 @@ from oomlab.core.files import write_text_atomic
 from oomlab.core.paths import DATA_DIR, REPO_ROOT
 from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.core.units import format_size
+from oomlab.evidence import deepspeed_measured
 
 TOLERANCE = 0.02  # the issue's target: every ratio within 2 %
 AGREEMENT_JSON = DATA_DIR / "agreement.json"
@@ -315,7 +313,7 @@ def render_markdown(rows: list[AgreementRow], untraced: list[AnalyticOnlyRow], v
         f"when the peak ratio and every component's difference (as a fraction of the traced peak) are within "
         f"{TOLERANCE:.0%}.",
         "",
-        "Regenerate with `.venv/bin/python -m oomlab.budget.agreement` (versions: "
+        "Regenerate with `.venv/bin/python -m oomlab.evidence agreement` (versions: "
         + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ").",
         "",
         f"{len(rows)} traced setups ({', '.join(strategies)}); worst peak ratio {worst.ratio:.4f} ({worst.setup}); "
@@ -366,14 +364,6 @@ def committed_data(rows: list[AgreementRow], untraced: list[AnalyticOnlyRow], me
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m oomlab.budget.agreement [--help]``."""
-    return doc_main("oomlab.budget.agreement",
-                    f"Trace the {len(MATRIX)} setups of the agreement matrix again (PyTorch's MemTracker on fake "
-                    "tensors at full size, cached under outputs/cache by the library versions), budget them and the "
-                    f"{len(ANALYTIC_ONLY)} analytic-only setups analytically, set the committed DeepSpeed small-scale "
-                    "measurements beside today's budget, and print the document. A few minutes with the trace cache "
-                    "warm; tens of minutes cold.", (AGREEMENT_JSON, AGREEMENT_DOC), lambda _: regenerate(), argv)
 
 
 def regenerate() -> int:
@@ -388,7 +378,3 @@ def regenerate() -> int:
     write_text_atomic(AGREEMENT_DOC, markdown)
     print(markdown)
     return 0 if all(r.agrees for r in rows) and all(m.agrees for m in measured) else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -7,9 +7,7 @@ import statistics
 
 import pytest
 
-from oomlab.budget import published, published_rows
 from oomlab.budget.estimate import estimate
-from oomlab.budget.published_rows import Coverage, Figure, Length, MetricKind, Moment, Reliability
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.budget.states import lora_parameters
 from oomlab.core.dtypes import load_dtype
@@ -18,6 +16,8 @@ from oomlab.core.modeling import build_meta_model
 from oomlab.core.models import load_model
 from oomlab.core.setup import make_setup
 from oomlab.core.units import format_size
+from oomlab.evidence import published, published_rows
+from oomlab.evidence.published_rows import Coverage, Figure, Length, MetricKind, Moment, Reliability
 
 ROWS = published_rows.load_rows()
 
@@ -33,7 +33,8 @@ def doc() -> str:
 
 
 def test_committed_doc_is_current(comparisons, doc) -> None:
-    """docs/published-measurements.md is exactly what the code renders now (else: python -m oomlab.budget.published)."""
+    """docs/published-measurements.md is exactly what the code renders now (else: python -m oomlab.evidence
+    published)."""
     assert doc == published.render_markdown(comparisons)
 
 

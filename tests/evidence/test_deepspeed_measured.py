@@ -4,9 +4,9 @@ is rendered from the committed data."""
 
 import pytest
 
-from oomlab.budget import deepspeed_measured as dm
-from oomlab.budget.deepspeed_run import PHASES, phase_mark
 from oomlab.budget.result import Phase
+from oomlab.evidence import deepspeed_measured as dm
+from oomlab.instruments.deepspeed_run import PHASES, phase_mark
 
 
 @pytest.fixture(scope="module")

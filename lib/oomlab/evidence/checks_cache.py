@@ -22,10 +22,11 @@ VERIFY_VERSION = 2  # bump when what a verification records changes
 
 
 def _model_sources() -> list[Path]:
-    """The source files whose figures a verification records: the budget, the throughput model and the checks."""
+    """The source files whose figures a verification records: the budget, the instruments (the measurement and the
+    gloo worker), the throughput model and the checks."""
     package = paths.PACKAGE_DIR
-    return sorted([*(package / "budget").glob("*.py"), package / "remedies" / "throughput.py",
-                   package / "remedies" / "checks.py", package / "remedies" / "gloo.py"])
+    return sorted([*(package / "budget").glob("*.py"), *(package / "instruments").glob("*.py"),
+                   package / "remedies" / "throughput.py", package / "evidence" / "checks.py"])
 
 
 def _cache_path(names: tuple[str, ...]) -> Path:

@@ -7,7 +7,7 @@ A tiny LLaMA-family model (:func:`oomlab.budget.step.tiny_setup`) trains for rea
   budget's ``weights_on_gpu`` / ``gradients_on_gpu`` / ``optimizer_on_gpu``; the two fp32 runs' losses step by step;
 * peft LoRA: the trainable parameter count against :func:`oomlab.budget.states.lora_parameters`;
 * activation checkpointing: the measured drop of the step's peak (CPU allocator,
-  :func:`oomlab.budget.measured.measure_steps`)
+  :func:`oomlab.instruments.measured.measure_steps`)
   against the budget's;
 * accelerate ``infer_auto_device_map`` with ``max_memory`` on a real tiny model: bytes per device within the limits,
   and the real tensors' bytes against accelerate's sizes;
@@ -17,10 +17,10 @@ A tiny LLaMA-family model (:func:`oomlab.budget.step.tiny_setup`) trains for rea
 * the FLOP formula of :mod:`oomlab.remedies.throughput` against ``torch.utils.flop_counter.FlopCounterMode`` on a
   training step.
 
-The multi-process run (:mod:`oomlab.remedies.gloo`) takes 15-25 s; :func:`verification` caches the rows
-(:mod:`oomlab.remedies.checks_cache`) keyed by the library versions, and says when they were measured.  What a check
+The multi-process run (:mod:`oomlab.instruments.gloo`) takes 15-25 s; :func:`verification` caches the rows
+(:mod:`oomlab.evidence.checks_cache`) keyed by the library versions, and says when they were measured.  What a check
 records, and its display rows, are :mod:`oomlab.remedies.verification`'s; the gloo world size is
-:data:`oomlab.remedies.gloo.WORLD_SIZE`.
+:data:`oomlab.instruments.gloo.WORLD_SIZE`.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from typing import Any
 
 from oomlab.budget import states
 from oomlab.budget.analytic import estimate_setup
-from oomlab.budget.measured import measure_steps
 from oomlab.budget.step import apply_lora, build_model, make_optimizer, tiny_setup, trainable_tensors
 from oomlab.core.choices import Method
 from oomlab.core.modeling import tensor_nbytes
 from oomlab.core.quiet import quiet_libraries
 from oomlab.core.setup import TrainingSetup
-from oomlab.remedies.checks_cache import cached_verification
-from oomlab.remedies.gloo import WORLD_SIZE, fsdp_setup, run_fsdp_gloo
+from oomlab.evidence.checks_cache import cached_verification
+from oomlab.instruments.gloo import WORLD_SIZE, fsdp_setup, run_fsdp_gloo
+from oomlab.instruments.measured import measure_steps
 from oomlab.remedies.throughput import flops_per_token
 from oomlab.remedies.verification import Check, CheckUnit, Verification
 
@@ -280,7 +280,7 @@ FAST = ("lora", "checkpointing", "device_map", "qlora", "adamw_8bit", "flops")  
 def verification(names: tuple[str, ...] = tuple(CHECKS), *, use_cache: bool = True, run: bool = True) -> Verification:
     """Run the named checks (or read them from the cache); ``run=False`` only reads the cache.
 
-    The cache key is the names, the library versions and :data:`~oomlab.remedies.checks_cache.VERIFY_VERSION`; the
+    The cache key is the names, the library versions and :data:`~oomlab.evidence.checks_cache.VERIFY_VERSION`; the
     result records when it was measured, so a notebook can say so.
     """
     return cached_verification(names, CHECKS, use_cache=use_cache, run=run)

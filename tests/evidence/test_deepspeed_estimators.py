@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from oomlab.budget import deepspeed_estimators as de
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed import zero_states
+from oomlab.evidence import deepspeed_estimators as de
 
 P = 13_015_864_320
 N = 4
@@ -77,5 +77,5 @@ def test_differences_name_buckets_activations_and_gradient_dtype() -> None:
 
 
 def test_committed_doc_is_current() -> None:
-    """docs/deepspeed-estimators.md is what the code renders now (`python -m oomlab.budget.deepspeed_estimators`)."""
+    """docs/deepspeed-estimators.md is what the code renders now (`python -m oomlab.evidence deepspeed-estimators`)."""
     assert de.ESTIMATORS_DOC.read_text() == de.render_markdown()

@@ -8,9 +8,9 @@ over a file rendezvous) that run every case of that size in turn, two steps each
   (ZeRO-1/2 ``bit16_groups_flat``; ZeRO-3 ``ds_tensor`` partitions and the persistent gathered parameters), the fp32
   master partitions, the optimizer state, the gradient partitions, the IPG buckets, the module's buffers;
 * the CPU allocator, phase by phase: ``torch.profiler(profile_memory=True)`` from before the model is built, its
-  allocation and free events replayed in time order (as :mod:`oomlab.budget.measured` does), cut at marks around each
-  forward, backward and step.  Two things gloo does that NCCL does not are taken out: it drops the last reference to
-  a collective's tensors on its own threads (their frees would go unrecorded: :func:`_settle_collectives` waits for
+  allocation and free events replayed in time order (as :mod:`oomlab.instruments.measured` does), cut at marks around
+  each forward, backward and step.  Two things gloo does that NCCL does not are taken out: it drops the last reference
+  to a collective's tensors on its own threads (their frees would go unrecorded: :func:`_settle_collectives` waits for
   the caller to hold the last reference), and it stages copies inside its ops (``gloo:all_gather``'s output,
   ``c10d::_reduce_scatter_base_``'s input clone: blocks allocated inside ``c10d::``/``gloo:`` ops are left out).
 

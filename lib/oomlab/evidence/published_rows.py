@@ -1,7 +1,7 @@
 """Published measurements as data: what each row of ``lib/oomlab/data/published-measurements.json`` measured (the
 counter, the moment, the run's settings and what oomlab does not model of it) and which oomlab figure answers it.
 
-:mod:`oomlab.budget.published` sets every row beside the estimate and writes the document.
+:mod:`oomlab.evidence.published` sets every row beside the estimate and writes the document.
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ import logging
 import pytest
 
 from oomlab.budget import states
-from oomlab.budget.measured import measure_steps, real_model, resident_bytes
 from oomlab.budget.result import Phase
-from oomlab.budget.small_scale import SMALL_CASES, SmallCase, compare_small, render_small_agreement
 from oomlab.budget.step import tiny_setup
 from oomlab.core.errors import InvalidValueError
+from oomlab.evidence.small_scale import SMALL_CASES, SmallCase, compare_small, render_small_agreement
+from oomlab.instruments.measured import measure_steps, real_model, resident_bytes
 
 # transformers deprecates its own alias internally (peft calls it)
 pytestmark = [pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")]

@@ -1,6 +1,6 @@
 """Published measurements against the estimate: peaks measured on real GPUs, each beside oomlab's figure.
 
-``python -m oomlab.budget.published`` estimates every row of ``lib/oomlab/data/published-measurements.json`` (a
+``python -m oomlab.evidence published`` estimates every row of ``lib/oomlab/data/published-measurements.json`` (a
 published figure copied verbatim with its citation, plus the oomlab setup it maps to), picks the oomlab figure
 matching the counter the source read (:data:`FIGURES`) and writes ``docs/published-measurements.md``.  Nothing is
 fitted; the only figure searched for is the diagnostic "implied length" of variable-length rows, never an estimate.
@@ -11,15 +11,18 @@ row (:class:`Unmodelled`), and a first-order omission makes the row :attr:`Cover
 from __future__ import annotations
 
 import statistics
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from oomlab.budget.analytic import ALLOCATOR_FRAGMENTATION
 from oomlab.budget.estimate import estimate
-from oomlab.budget.published_rows import (
+from oomlab.budget.result import BudgetResult, MemCategory
+from oomlab.core.errors import InvalidValueError, OomlabError
+from oomlab.core.files import write_text_atomic
+from oomlab.core.paths import REPO_ROOT
+from oomlab.core.units import format_signed_size, format_size
+from oomlab.evidence.published_rows import (
     FIGURES,
-    PUBLISHED_JSON,
     SOURCE_PREFIXES,
     Coverage,
     Figure,
@@ -35,17 +38,11 @@ from oomlab.budget.published_rows import (
     load_data,
     load_rows,
 )
-from oomlab.budget.regenerate import doc_main, shown
-from oomlab.budget.result import BudgetResult, MemCategory
-from oomlab.core.errors import InvalidValueError, OomlabError
-from oomlab.core.files import write_text_atomic
-from oomlab.core.paths import REPO_ROOT
-from oomlab.core.units import format_signed_size, format_size
 
-__all__ = ["compare", "compare_all", "render_markdown", "summarize", "main"]
+__all__ = ["compare", "compare_all", "regenerate", "render_markdown", "summarize"]
 
 PUBLISHED_DOC = REPO_ROOT / "docs" / "published-measurements.md"
-REGENERATE = ".venv/bin/python -m oomlab.budget.published"
+REGENERATE = ".venv/bin/python -m oomlab.evidence published"
 
 
 # ------------------------------------------------------------------------------------------------------- compute
@@ -346,12 +343,6 @@ def render_markdown(comparisons: Sequence[Comparison]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m oomlab.budget.published [--help]``."""
-    return doc_main("oomlab.budget.published",
-                    f"Estimate every published row of {shown(PUBLISHED_JSON)} again and set each beside the "
-                    "oomlab figure for the counter its source read. A few seconds.", (PUBLISHED_DOC,),
-                    lambda _: regenerate(), argv)
 
 
 def regenerate() -> int:
@@ -363,7 +354,3 @@ def regenerate() -> int:
               f"({s.worst.row.id})")
     print(f"wrote {PUBLISHED_DOC}")
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Every supported family's budget checked: the committed family agreement matrix.
 
-``python -m oomlab.budget.families`` writes ``lib/oomlab/data/family-agreement.json`` and
+``python -m oomlab.evidence families`` writes ``lib/oomlab/data/family-agreement.json`` and
 ``docs/family-agreement.md``.  Per family (:class:`oomlab.core.models.Family`):
 
 * traced rows -- a shipped spec of the family cut to its first :data:`TRACED_LAYERS` decoder layers at full width
@@ -8,7 +8,7 @@
   :func:`oomlab.budget.traced.traced_budget` (PyTorch's MemTracker under ``FakeTensorMode``) for each of
   :data:`TRACED_SETUPS`; peak and every component within :data:`TOLERANCE` (2 %);
 * a measured row -- the family's tiny config (:data:`oomlab.budget.step.TINY_FAMILY_CONFIGS`: h=128, 2 layers, V=512)
-  trained for real on CPU (:func:`oomlab.budget.measured.measure_steps`, the allocator's own count of the second
+  trained for real on CPU (:func:`oomlab.instruments.measured.measure_steps`, the allocator's own count of the second
   step), within :data:`MEASURED_TOLERANCE` (3 %).
 
 MoE routing, as traced and as budgeted: every expert is resident (weights, gradients and optimizer state of all
@@ -28,21 +28,20 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from oomlab.budget.agreement import AgreementRow, compare, describe
 from oomlab.budget.layer_trace import prefix_spec
-from oomlab.budget.regenerate import doc_main
 from oomlab.budget.result import MemCategory, Phase, Source
-from oomlab.budget.small_scale import SmallCase, compare_small
 from oomlab.budget.step import library_versions
 from oomlab.core.files import write_text_atomic
 from oomlab.core.models import Family, ModelSpec, load_model
 from oomlab.core.paths import DATA_DIR, REPO_ROOT
 from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.core.units import format_size
+from oomlab.evidence.agreement import AgreementRow, compare, describe
+from oomlab.evidence.small_scale import SmallCase, compare_small
 
 TOLERANCE = 0.02  # traced rows: peak and every component within 2 % of the traced peak
 MEASURED_TOLERANCE = 0.03  # real CPU steps: peak within 3 %
@@ -207,7 +206,7 @@ def render_markdown(rows: list[FamilyRow], versions: Mapping[str, str]) -> str:
         "add two all-to-alls per MoE layer, activations per token unchanged. Gemma-2 runs eager attention "
         "(transformers has no SDPA for it: it cannot soft-cap).",
         "",
-        "Regenerate with `.venv/bin/python -m oomlab.budget.families` (versions: "
+        "Regenerate with `.venv/bin/python -m oomlab.evidence families` (versions: "
         + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ").",
         "",
         f"{len(rows)} rows, {len(checked)} checked: {sum(r.agrees for r in checked)} agree; worst peak ratio "
@@ -244,13 +243,6 @@ def load_committed() -> dict[str, Any]:
     return json.loads(FAMILY_JSON.read_text())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m oomlab.budget.families [--help]``."""
-    return doc_main("oomlab.budget.families",
-                    f"Budget and trace every family's spec (cut to {TRACED_LAYERS} layers at full width) in the "
-                    f"{len(TRACED_SETUPS)} traced setups, and train each family's tiny config for two real CPU steps. "
-                    "A few minutes on two cores (traces cached under outputs/cache).", (FAMILY_JSON, FAMILY_DOC),
-                    lambda _: regenerate(), argv)
 
 
 def regenerate() -> int:
@@ -265,7 +257,3 @@ def regenerate() -> int:
               f"{r.worst_component_delta:+.2%})", file=sys.stderr)
     print(f"wrote {FAMILY_JSON} and {FAMILY_DOC}: {len(rows)} rows, {len(bad)} outside the tolerance")
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

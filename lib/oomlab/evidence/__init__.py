@@ -1,0 +1,4 @@
+"""Stage 7: the evidence that proves the estimator -- the agreement matrices (analytic beside traced), the published
+measurements, small-scale and DeepSpeed runs measured on CPU beside the analytic budget, DeepSpeed's own estimators,
+the remedies' checks, and the one command (``python -m oomlab.evidence NAME``, :mod:`.regenerate`) that rewrites each
+committed document.  Nothing before this stage writes into the checkout."""
