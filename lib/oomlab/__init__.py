@@ -1,8 +1,9 @@
 """oomlab: reproduce, explain and fix GPU out-of-memory failures in LLM training.
 
 The library follows the pipeline, one subpackage per stage, importing only earlier stages:
-``core`` → ``reproduction`` → ``explanation`` → ``budget`` → ``remedies`` → ``launch`` → ``report`` →
-``pipeline``, with ``cli`` and ``explorer`` (its widgets over ``exploration``, what it shows) on top.
+``core`` → ``reproduction`` → ``explanation`` → ``budget`` → ``instruments`` → ``remedies`` → ``launch`` →
+``evidence`` → ``report`` → ``pipeline``, with ``cli`` and ``explorer`` (its widgets over ``exploration``, what it
+shows) on top.
 ``import oomlab`` stays light (no torch); the three entry points below load their stage on first use.
 """
 

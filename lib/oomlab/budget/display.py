@@ -11,9 +11,10 @@ from typing import Any
 from oomlab.budget.estimate import estimate
 from oomlab.budget.inventory import model_states
 from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
-from oomlab.core.choices import Optimizer, Precision
+from oomlab.core.choices import Optimizer, Precision, Strategy
+from oomlab.core.defaults import DEFAULT_LORA_ALPHA, launch_strategy
 from oomlab.core.errors import OomlabError
-from oomlab.core.setup import DEFAULT_LORA_ALPHA, make_setup
+from oomlab.core.setup import make_setup
 from oomlab.core.units import format_size
 from oomlab.core.words import agree, count
 
@@ -102,10 +103,10 @@ BYTES_PER_PARAMETER_HEADERS = ["framework", "precision", "optimizer", "weights",
 CONFIGURED = "as configured"  # how the budget's rows and sentences mark the configuration as given
 
 
-def configured_words(strategy: str, method: str, lora_rank: int, checkpointing: bool, gpus: int) -> str:
+def configured_words(strategy: str, method: str, lora_rank: int, checkpointing: bool, world_size: int) -> str:
     """The configuration as given, as the variants name it: ``full fine-tune, a replica per GPU (ddp)`` when it is the
     plain replica, else its method and strategy (``LoRA r8, ddp, checkpointing``)."""
-    ddp = "ddp" if gpus > 1 else "single"
+    ddp = launch_strategy(Strategy.DDP, world_size).value
     if (strategy, method) == (ddp, "full"):
         return f"full fine-tune, a replica per GPU ({ddp})"
     trains = {"full": "full fine-tune", "lora": f"LoRA r{lora_rank}", "qlora": f"QLoRA r{lora_rank}"}.get(method,
@@ -126,11 +127,11 @@ def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: st
             "lora_rank": lora_rank, **({"nodes": nodes} if nodes != 1 else {}),
             **({"lora_alpha": lora_alpha} if lora_alpha != DEFAULT_LORA_ALPHA else {}),
             **({"lora_targets": lora_targets} if lora_targets else {})}  # the user's targets for every LoRA row
-    ddp = "ddp" if gpus > 1 else "single"
-    given = ddp if strategy is None or (gpus == 1 and strategy == "ddp") else strategy
+    ddp = launch_strategy(Strategy.DDP, gpus * nodes).value  # a replica per GPU, one process on one GPU
+    given = launch_strategy(strategy, gpus * nodes).value
     configured = {**base, "strategy": given, "method": method}
     variants = [
-        (configured_words(given, method, lora_rank, checkpointing, gpus), configured),
+        (configured_words(given, method, lora_rank, checkpointing, gpus * nodes), configured),
         (f"full fine-tune, a replica per GPU ({ddp})", {**base, "strategy": ddp, "method": "full"}),
         (f"accelerate FSDP (FSDP1) full shard over {count(gpus, 'GPU')}",
          {**base, "strategy": "fsdp", "method": "full"}),
@@ -146,7 +147,7 @@ def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: st
         (f"LoRA + checkpointing, accelerate FSDP (FSDP1) over {gpus}",
          {**base, "strategy": "fsdp", "method": "lora", "checkpointing": True}),
     ]
-    if gpus == 1:  # sharding over one GPU: the single-GPU run again (its offload variant stays)
+    if gpus * nodes == 1:  # sharding over one GPU: the single-GPU run again (its offload variant stays)
         variants = [v for v in variants if v[1]["strategy"] not in ("fsdp", "fsdp2")]
     return [variants[0]] + [v for v in variants[1:] if v[1] != configured]  # the configured one once
 
@@ -180,7 +181,7 @@ def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
     """Markdown: what the configured setup needs, what breaks it, and which variants fit."""
     seed = results[0][1]
     s, gpu = seed.setup, seed.setup.gpu
-    given = configured_words(s.strategy.value, s.method.value, s.lora_rank, s.checkpointing, s.gpus)
+    given = configured_words(s.strategy.value, s.method.value, s.lora_rank, s.checkpointing, s.world_size)
     breaking = seed.breaking_component
     fitting = [(lbl, r) for lbl, r in results if r.fits]
     lines = [
