@@ -19,7 +19,7 @@ from typing import Any
 
 from oomlab.budget.result import Fit
 from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
-from oomlab.core.errors import InvalidValueError
+from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.prices import HOST_RAM_AUTO, resolve_host_ram
@@ -39,7 +39,7 @@ from oomlab.remedies.remedy import (
 )
 from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, describe_assumptions
 from oomlab.reproduction.outside import case_outside
-from oomlab.reproduction.walk import unlimited_walk
+from oomlab.reproduction.replica import replica_reserved_bytes
 
 # on one GPU these launch what `single` launches (a process group of one: nothing to replicate, shard or reduce);
 # the offload strategies stay, as they move states to the host
@@ -216,8 +216,8 @@ def _seed_row(remedy: Remedy, setup: TrainingSetup) -> Remedy:
     if setup.strategy not in (Strategy.SINGLE, Strategy.DDP):
         return remedy
     try:
-        need = unlimited_walk(setup.model.name, "float16")[-1].reserved_bytes
-    except Exception:  # noqa: BLE001 - a model given by path: state the step only
+        need = replica_reserved_bytes(setup.model.name, "float16")
+    except OomlabError:  # a model given by path, or one the walk cannot build: state the step only
         return remedy
     usable = setup.gpu.total_memory_bytes - case_outside(setup.model.name, setup.gpu, setup.world_size).context_bytes
     fails = need > usable
