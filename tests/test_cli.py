@@ -333,8 +333,8 @@ def test_write_configs_onto_a_file_exits_2_before_the_plan(tmp_path, capsys) -> 
 @pytest.mark.parametrize(
     ("argv", "never_called"),
     [
-        (["check", "--launch-dir", "", "--gpu", "t4"], "oomlab.launch.inputs.check_inputs"),
-        (["check", "--launch-dir", " ", "--gpu", "t4"], "oomlab.launch.inputs.check_inputs"),
+        (["check", "--launch-dir", "", "--gpu", "t4"], "oomlab.launch.check.check"),
+        (["check", "--launch-dir", " ", "--gpu", "t4"], "oomlab.launch.check.check"),
         (["plan", "--model", "llama-13b", "--gpu", "t4", "--write-configs", ""], "oomlab.remedies.plan.make_plan"),
         (["explain", "--file", ""], "oomlab.explanation.explain.explain"),
         (["run", "--params", ""], "oomlab.pipeline.runner.run_pipeline"),
@@ -364,3 +364,18 @@ def test_estimate_cli_pipeline_and_explorer_share_the_default_run(capsys) -> Non
     assert api.setup == pipeline == Choices().setup() == make_setup(gpus=4)
     assert (api.setup.gpus, api.setup.strategy.value) == (4, "ddp")
     assert cli["per_gpu_peak_bytes"] == api.per_gpu_peak_bytes
+
+
+def test_plan_and_check_as_functions_answer_as_the_cli(capsys) -> None:
+    """``oomlab.plan()`` and ``oomlab.check(...)`` are the commands' functions: the same defaults, the same answer."""
+    import oomlab
+
+    plan = oomlab.plan()
+    assert main(["plan", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert (plan.model, plan.gpu, plan.gpus) == (cli["model"], cli["gpu"], cli["gpus"]) == ("llama-13b", "t4", 4)
+    assert [r.name for r in plan.remedies[:3]] == [r["name"] for r in cli["remedies"][:3]]
+    launch = "torchrun --nproc_per_node 4 train.py --fp16"
+    result = oomlab.check(gpu="t4", launch=launch, model="llama-13b")
+    assert main(["check", "--gpu", "t4", "--launch", launch, "--model", "llama-13b", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(result.to_dict(), default=str))

@@ -190,7 +190,7 @@ def test_no_module_is_much_over_500_lines() -> None:
     assert long == {}
 
 
-@pytest.mark.parametrize("name", ["estimate", "reproduce", "explain"])
+@pytest.mark.parametrize("name", ["estimate", "reproduce", "explain", "plan", "check"])
 def test_top_level_functions_stay_callable_after_every_import(name: str) -> None:
     """``oomlab.reproduce`` & co. stay functions once every submodule is imported (a submodule of the same name
     used to shadow them: TypeError "'module' object is not callable")."""

@@ -4,12 +4,13 @@ The library follows the pipeline, one subpackage per stage, importing only earli
 ``core`` → ``reproduction`` → ``explanation`` → ``budget`` → ``instruments`` → ``remedies`` → ``launch`` →
 ``evidence`` → ``report`` → ``pipeline``, with ``cli`` and ``explorer`` (its widgets over ``exploration``, what it
 shows) on top.
-``import oomlab`` stays light (no torch); the three entry points below load their stage on first use.
+``import oomlab`` stays light (no torch); the entry points below load their stage on first use.
 """
 
 from oomlab.core.units import GiB, KiB, MiB, format_size, parse_size
 
-__all__ = ["GiB", "KiB", "MiB", "estimate", "explain", "format_size", "parse_size", "reproduce", "__version__"]
+__all__ = ["GiB", "KiB", "MiB", "check", "estimate", "explain", "format_size", "parse_size", "plan", "reproduce",
+           "__version__"]
 __version__ = "0.1.0"
 
 # name -> (module, function); no submodule of this package carries one of these names, so importing any
@@ -18,6 +19,8 @@ _ENTRY_POINTS = {
     "estimate": ("oomlab.budget.estimate", "estimate"),
     "reproduce": ("oomlab.reproduction.replay", "reproduce"),
     "explain": ("oomlab.explanation.explain", "explain"),
+    "plan": ("oomlab.remedies.plan", "make_plan"),
+    "check": ("oomlab.launch.check", "check"),
 }
 
 

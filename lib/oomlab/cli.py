@@ -443,15 +443,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from oomlab.launch.check import check_launch
+    from oomlab.launch.check import check
     from oomlab.launch.display import render_check, render_markdown
-    from oomlab.launch.inputs import check_inputs
 
-    inputs = check_inputs(launch=args.launch, launch_dir=args.launch_dir, accelerate_config=args.accelerate_config,
-                          deepspeed=args.deepspeed, training_args=args.training_args,
-                          adapter_config=args.adapter_config, quantization_config=args.quantization_config,
-                          model=args.model, gpu=args.gpu, gpus=args.gpus)
-    result = check_launch(inputs, host_ram=args.host_ram)
+    result = check(launch=args.launch, launch_dir=args.launch_dir, accelerate_config=args.accelerate_config,
+                   deepspeed=args.deepspeed, training_args=args.training_args, adapter_config=args.adapter_config,
+                   quantization_config=args.quantization_config, model=args.model, gpu=args.gpu, gpus=args.gpus,
+                   host_ram=args.host_ram)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     elif args.markdown:

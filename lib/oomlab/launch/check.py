@@ -21,6 +21,7 @@ from oomlab.core.errors import InvalidValueError
 from oomlab.core.prices import HostRam, resolve_host_ram
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import ceil_div, format_size
+from oomlab.launch.inputs import check_inputs
 from oomlab.launch.origin import OriginKind
 from oomlab.launch.paths import ROWS, LoadPath, load_path_of
 from oomlab.launch.read import LaunchInputs, UserLaunch
@@ -263,3 +264,15 @@ def other_launches(launch: UserLaunch) -> list[tuple[str, str, str, str]]:
         mark = " (as launched)" if strategy is base.strategy else ""
         rows.append((strategy.value + mark, ROWS[path].short, where, format_size(figure)))
     return rows
+
+
+def check(*, gpu: str, launch: str | None = None, launch_dir: str | None = None, accelerate_config: str | None = None,
+          deepspeed: str | None = None, training_args: str | None = None, adapter_config: str | None = None,
+          quantization_config: str | None = None, model: str | None = None, gpus: int | None = None,
+          host_ram: str | int | None = None) -> CheckResult:
+    """``python -m oomlab check`` as a function: the user's launch (a command line, a folder of launch files, or the
+    files one by one) read on ``gpu`` and checked (:func:`check_launch`); a bad name or file raises naming it."""
+    inputs = check_inputs(launch=launch, launch_dir=launch_dir, accelerate_config=accelerate_config,
+                          deepspeed=deepspeed, training_args=training_args, adapter_config=adapter_config,
+                          quantization_config=quantization_config, model=model, gpu=gpu, gpus=gpus)
+    return check_launch(inputs, host_ram=host_ram)

@@ -19,11 +19,12 @@ from typing import Any
 
 from oomlab.budget.result import Fit
 from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
+from oomlab.core.defaults import DEFAULTS
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.prices import HOST_RAM_AUTO, resolve_host_ram
-from oomlab.core.setup import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS, TrainingSetup, make_setup
+from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.core.units import format_size
 from oomlab.remedies.knobs import KnobChange, knob_table
 from oomlab.remedies.launch_files import files_for
@@ -197,11 +198,13 @@ def fold_label_twins(remedies: list[Remedy], bf16: bool) -> list[Remedy]:
     return [keep[id(r)] for r in remedies if id(r) in keep]
 
 
-def seed_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = 1, *, seq: int = 2048,
-               batch: int = 1, precision: str = "fp16-mixed", optimizer: str = "adamw", checkpointing: bool = False,
-               attention: str = "sdpa", lora_rank: int = 8, strategy: str | Strategy | None = None,
-               method: str | Method = "full", lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS,
-               lora_alpha: int = DEFAULT_LORA_ALPHA) -> TrainingSetup:
+def seed_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = DEFAULTS.nodes, *,
+               seq: int = DEFAULTS.seq, batch: int = DEFAULTS.batch, precision: str = DEFAULTS.precision.value,
+               optimizer: str = DEFAULTS.optimizer.value, checkpointing: bool = DEFAULTS.checkpointing,
+               attention: str = DEFAULTS.attention.value, lora_rank: int = DEFAULTS.lora_rank,
+               strategy: str | Strategy | None = None, method: str | Method = DEFAULTS.method,
+               lora_targets: str | tuple[str, ...] = DEFAULTS.lora_targets, lora_alpha: int = DEFAULTS.lora_alpha
+               ) -> TrainingSetup:
     """The configuration as given; by default the seed's: a full replica per GPU (``model.to('cuda')`` in each
     process), full fine-tuning.  ``strategy`` None or ``ddp`` on one GPU is ``single``
     (:func:`oomlab.core.defaults.launch_strategy`, in :func:`make_setup`)."""
@@ -285,23 +288,23 @@ def plan_grid(spec: ModelSpec, gpu_spec: GPUSpec, gpus: int, nodes: int, *, batc
 
 
 def make_plan(
-    model: str | ModelSpec = "llama-13b",
-    gpu: str | GPUSpec = "t4",
-    gpus: int = 4,
-    nodes: int = 1,
+    model: str | ModelSpec = DEFAULTS.model,
+    gpu: str | GPUSpec = DEFAULTS.gpu,
+    gpus: int = DEFAULTS.gpus,
+    nodes: int = DEFAULTS.nodes,
     host_ram: str | int | None = HOST_RAM_AUTO,
-    seq: int = 2048,
+    seq: int = DEFAULTS.seq,
     *,
-    batch: int = 1,
-    precision: str = "fp16-mixed",
-    optimizer: str = "adamw",
-    checkpointing: bool = False,
-    attention: str = "sdpa",
-    lora_rank: int = 8,
+    batch: int = DEFAULTS.batch,
+    precision: str = DEFAULTS.precision.value,
+    optimizer: str = DEFAULTS.optimizer.value,
+    checkpointing: bool = DEFAULTS.checkpointing,
+    attention: str = DEFAULTS.attention.value,
+    lora_rank: int = DEFAULTS.lora_rank,
     strategy: str | Strategy | None = None,
-    method: str | Method = "full",
-    lora_targets: str | tuple[str, ...] = DEFAULT_LORA_TARGETS,
-    lora_alpha: int = DEFAULT_LORA_ALPHA,
+    method: str | Method = DEFAULTS.method,
+    lora_targets: str | tuple[str, ...] = DEFAULTS.lora_targets,
+    lora_alpha: int = DEFAULTS.lora_alpha,
     assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
     outside_bytes: int | None = None,
 ) -> Plan:
