@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from oomlab.budget.layer_trace import LayerTrace, Probe, trace_layers
 from oomlab.budget.step import StepDTypes
 from oomlab.core.choices import FSDP1_STRATEGIES, Attention, Choice, Method, Precision, Strategy
+from oomlab.core.memo import BoundedMemo
 from oomlab.core.models import Family, ModelSpec
 from oomlab.core.setup import TrainingSetup
 
@@ -102,7 +103,7 @@ def _key(setup: TrainingSetup) -> tuple:
             setup.lora_rank, setup.lora_targets)
 
 
-_INVENTORIES: dict[tuple, tuple[SavedTensor, ...]] = {}
+_INVENTORIES: BoundedMemo[tuple, tuple[SavedTensor, ...]] = BoundedMemo()
 
 
 def layer_inventory(setup: TrainingSetup, first: bool = False) -> tuple[SavedTensor, ...]:
@@ -241,7 +242,7 @@ def _hand_rope_bytes(setup: TrainingSetup) -> int:
     return 2 * setup.seq * setup.model.head_dim * stream_bytes(setup)
 
 
-_SUMS: dict[tuple, tuple[int, int]] = {}
+_SUMS: BoundedMemo[tuple, tuple[int, int]] = BoundedMemo()
 
 
 def _sums(inventory: tuple[SavedTensor, ...]) -> tuple[int, int]:
@@ -285,7 +286,7 @@ def probe(setup: TrainingSetup) -> Probe:
                  window is not None and setup.seq >= window, setup.batch == 1)
 
 
-_TRACES: dict[tuple, LayerTrace] = {}
+_TRACES: BoundedMemo[tuple, LayerTrace] = BoundedMemo()
 
 
 def layer_trace(setup: TrainingSetup) -> LayerTrace:

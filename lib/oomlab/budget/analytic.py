@@ -19,6 +19,7 @@ from oomlab.budget.inventory import assemble_phases, take_inventory
 from oomlab.budget.result import BudgetResult, MemCategory, Source, outside_note
 from oomlab.budget.step_parts import Inventory
 from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Precision
+from oomlab.core.memo import BoundedMemo
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import MiB
 from oomlab.reproduction.outside import case_outside
@@ -59,7 +60,7 @@ def host_ram_bytes(setup: TrainingSetup, inventory: Inventory) -> int:
     return loading_processes * states.replica + states.host_per_node
 
 
-_OUTSIDE: dict[tuple, Any] = {}
+_OUTSIDE: BoundedMemo[tuple, Any] = BoundedMemo()
 
 
 def _outside(setup: TrainingSetup) -> Any:
@@ -110,7 +111,7 @@ def launch_note(setup: TrainingSetup) -> str:
     return precision + "; " + _OPTIMIZER_NOTES[setup.optimizer]
 
 
-_LAUNCH_NOTES: dict[tuple, str] = {}
+_LAUNCH_NOTES: BoundedMemo[tuple, str] = BoundedMemo()
 
 
 def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None,

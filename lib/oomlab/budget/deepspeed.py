@@ -32,6 +32,7 @@ from oomlab.budget.states import NF4_DQ_BITS, lora_parameters, nf4_state_fixed_b
 from oomlab.budget.step_parts import Inventory, ZeroStates
 from oomlab.core.choices import Method, Optimizer, Precision
 from oomlab.core.errors import InvalidValueError
+from oomlab.core.memo import BoundedMemo
 from oomlab.core.setup import TrainingSetup
 
 W, G, M, S = MemCategory.WEIGHTS, MemCategory.GRADIENTS, MemCategory.MASTER_WEIGHTS, MemCategory.OPTIMIZER_STATE
@@ -178,7 +179,7 @@ def _zero3(setup: TrainingSetup, ds: DeepSpeedSettings) -> ZeroStates:
     )
 
 
-_ZERO: dict[tuple, ZeroStates] = {}
+_ZERO: BoundedMemo[tuple, ZeroStates] = BoundedMemo()
 
 
 def zero_states(setup: TrainingSetup, settings: DeepSpeedSettings | None = None) -> ZeroStates:

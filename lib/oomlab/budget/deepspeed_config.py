@@ -28,6 +28,7 @@ from typing import Any
 
 from oomlab.core.choices import Strategy
 from oomlab.core.errors import InvalidValueError
+from oomlab.core.memo import BoundedMemo
 from oomlab.core.models import ModelSpec
 from oomlab.core.setup import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS, TrainingSetup, make_setup
 from oomlab.core.user_input import load_user_json, read_user_text, shown
@@ -87,7 +88,7 @@ def resolve(settings: DeepSpeedSettings | None, spec: ModelSpec, strategy: Strat
     )
 
 
-_RESOLVED: dict[tuple, DeepSpeedSettings] = {}
+_RESOLVED: BoundedMemo[tuple, DeepSpeedSettings] = BoundedMemo()
 
 
 def settings_for(setup: TrainingSetup, settings: DeepSpeedSettings | None = None) -> DeepSpeedSettings:

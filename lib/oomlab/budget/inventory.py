@@ -25,9 +25,10 @@ from oomlab.budget.fsdp import fsdp_phases
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.budget.step_parts import Inventory, LayerTerms, ModelStates, StepTensors
 from oomlab.core.choices import Method
+from oomlab.core.memo import BoundedMemo
 from oomlab.core.setup import TrainingSetup
 
-_STATES: dict[tuple, ModelStates] = {}
+_STATES: BoundedMemo[tuple, ModelStates] = BoundedMemo()
 
 
 def model_states(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = None) -> ModelStates:

@@ -41,6 +41,7 @@ from oomlab.budget.step import StepDTypes, build_model, library_versions, real_d
 from oomlab.core import paths
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.files import write_json_atomic
+from oomlab.core.memo import BoundedMemo
 from oomlab.core.models import ModelSpec, model_from_config
 from oomlab.core.quiet import quiet_libraries
 from oomlab.core.setup import make_setup
@@ -321,7 +322,7 @@ def _trace(spec: ModelSpec, probe: Probe) -> LayerTrace:
 
 # ------------------------------------------------------------------------------------------ memo and cache
 
-_MEMO: dict[tuple, LayerTrace] = {}
+_MEMO: BoundedMemo[tuple, LayerTrace] = BoundedMemo()
 
 
 def cache_key(spec: ModelSpec, probe: Probe) -> str:

@@ -21,7 +21,7 @@ import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cache, cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -434,7 +434,7 @@ def model_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     return _model_from_dict(name, dict(config), f"<in-memory config {name}>")
 
 
-@cache
+@lru_cache(maxsize=256)  # keyed by user input (a config.json path): bounded
 def load_model(name_or_path: str) -> ModelSpec:
     """Load a shipped model spec by name (``llama-13b``) or a local ``config.json`` path (read within
     :mod:`oomlab.core.user_input`'s bounds: a regular file of at most a few MiB, UTF-8, finite numbers)."""

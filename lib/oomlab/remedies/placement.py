@@ -16,6 +16,7 @@ from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.result import BudgetResult, MemCategory, Phase
 from oomlab.core.choices import Strategy
 from oomlab.core.dtypes import load_dtype
+from oomlab.core.memo import BoundedMemo
 from oomlab.core.modeling import build_meta_model
 from oomlab.core.models import ModelSpec
 from oomlab.core.quiet import quiet_libraries
@@ -66,7 +67,7 @@ def _meta_module_sizes(spec: ModelSpec) -> tuple[Any, dict[str, int]]:
     model = build_meta_model(spec, load_dtype("float16"))
     return model, dict(compute_module_sizes(model, dtype="float16"))
 
-_SIZE_MEMO: dict[tuple, Any] = {}
+_SIZE_MEMO: BoundedMemo[tuple, Any] = BoundedMemo(64)  # each entry keeps its meta model alive: few
 
 
 @contextlib.contextmanager

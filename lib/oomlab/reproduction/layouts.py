@@ -25,7 +25,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import torch
@@ -233,7 +233,7 @@ def build_layout_model(spec: ModelSpec, dtype: DType, layout: LlamaLayout, path:
     return model
 
 
-@cache
+@lru_cache(maxsize=256)  # keyed by user input (a config.json path): bounded
 def layout_walk(model: str, dtype: str, layout_id: str, path: LaunchPath = LaunchPath.TO) -> tuple[WalkStep, ...]:
     """The whole ``model.to("cuda")`` walk of ``model`` in ``dtype`` under one layout, on a device without limit."""
     spec, dt_, layout = load_model(model), load_dtype(dtype), load_layout(layout_id)

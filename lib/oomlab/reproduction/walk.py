@@ -11,7 +11,7 @@ report ``cuda:0`` on a machine without CUDA.  When the allocator model refuses, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -153,7 +153,7 @@ def walk_apply(
     return mode, model, error
 
 
-@cache
+@lru_cache(maxsize=256)  # keyed by user input (a config.json path): bounded
 def unlimited_walk(model: str, dtype: str) -> tuple[WalkStep, ...]:
     """The whole ``_apply`` walk on a device with no limit: what the model takes, tensor by tensor."""
     allocator = CachingAllocator(UNLIMITED_BYTES)
