@@ -26,6 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 from oomlab.core.choices import Route, Strategy
+from oomlab.core.errors import InvalidValueError
 from oomlab.core.models import ModelSpec
 from oomlab.core.paths import OUTPUTS_DIR
 from oomlab.core.setup import TrainingSetup
@@ -85,7 +86,7 @@ def decoder_layer_class(spec: ModelSpec) -> str:
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(spec.model_type)
     classes = getattr(getattr(transformers, name), "_no_split_modules", None) if name else None
     if not classes:
-        raise ValueError(f"model {spec.name!r} ({spec.model_type}): transformers names no decoder layer to wrap "
+        raise InvalidValueError(f"model {spec.name!r} ({spec.model_type}): transformers names no decoder layer to wrap "
                          f"(causal-LM class {name!r} has no _no_split_modules)")
     return ",".join(classes)
 
