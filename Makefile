@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export MPLBACKEND := Agg
 
-.PHONY: install report test lint browser clean
+.PHONY: install report test test-fast lint browser clean
 
 install: $(STAMP)
 
@@ -40,6 +40,9 @@ browser:
 
 test: install lint browser
 	$(PY) -m pytest
+
+test-fast: install  # the developer's loop: no kernels, pipeline runs, CPU training, browser or fuzzing (make test runs all)
+	$(PY) -m pytest -m "not heavy" -q
 
 clean:
 	rm -rf outputs/notebooks outputs/results outputs/configs outputs/report.html outputs/.oomlab-run.json

@@ -25,6 +25,8 @@ from oomlab.core.gpus import load_gpu
 from oomlab.core.paths import NOTEBOOKS_DIR
 from oomlab.core.units import format_size
 
+pytestmark = pytest.mark.heavy  # JupyterLab in chromium: `pytest -m "not heavy"` leaves it out
+
 SERVER_START_TIMEOUT_S = 90
 SERVER_STOP_TIMEOUT_S = 20
 PAGE_TIMEOUT_MS = 60_000

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -435,6 +436,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         result = run_pipeline(params, out_dir=out, progress=args.verbose and not args.no_progress,
                               verbose=args.verbose, on_notebook=lambda run: print(render_notebook_run(run), flush=True))
     except RunInterrupted as err:  # Ctrl-C: the runner kept what ran; no traceback
+        # nbclient's cell task, abandoned by the interrupt, would be reported by asyncio as the process ends ("Task
+        # exception was never retrieved ... DeadKernelError") under the one line this prints
+        logging.getLogger("asyncio").disabled = True
         partial = "" if err.kept is None else f", partial run in {err.kept}"
         print(f"interrupted; outputs unchanged{partial}", file=sys.stderr)
         return 130

@@ -36,6 +36,7 @@ def _check(setup, batch: int, seq: int) -> None:
         assert abs(predicted[part] - value) <= TOLERANCE * total, (part, predicted, whole)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     ("family", "knobs", "size"),
     [

@@ -32,6 +32,7 @@ def _cache_in_tmp(tmp_path, monkeypatch):
 RNG_STATE_BYTES = 5056  # torch.get_rng_state() on CPU: saved by torch.utils.checkpoint per checkpointed layer
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "knobs",
     [
@@ -54,6 +55,7 @@ def test_fake_trace_equals_real_allocator(knobs):
     assert traced.peak_phase is measured.peak_phase
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("knobs", [{"batch": 4, "seq": 512}, {"method": "lora", "batch": 4, "seq": 256}])
 def test_checkpointed_trace_misses_only_the_rng_state(knobs):
     """With checkpointing the allocator holds exactly one CPU RNG state per layer more than the trace sees."""
@@ -147,6 +149,7 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     assert traced.cache_key(setup) == traced.cache_key(setup.with_(gpu=make_setup(gpu="h100-80gb").gpu))
 
 
+@pytest.mark.heavy
 def test_full_size_smoke():
     """llama-7b, full fp16-mixed AdamW, seq 512, batch 1 traces in well under a minute, peaking in the optimizer."""
     setup = make_setup(model="llama-7b", gpu="a100-80gb", seq=512, batch=1)

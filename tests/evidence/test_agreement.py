@@ -8,6 +8,8 @@ from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.result import MemCategory, Phase, Source
 from oomlab.evidence import agreement
 
+pytestmark = pytest.mark.heavy  # re-traces the committed rows: `pytest -m "not heavy"` leaves it out
+
 
 @pytest.fixture(scope="module")
 def committed():

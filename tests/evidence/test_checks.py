@@ -7,6 +7,8 @@ from oomlab.evidence import checks as verify
 from oomlab.instruments.gloo import WORLD_SIZE
 from oomlab.remedies.verification import VERIFY_HEADERS, Check, CheckUnit, Verification, verify_rows
 
+pytestmark = pytest.mark.heavy  # gloo processes: `pytest -m "not heavy"` leaves it out
+
 
 @pytest.fixture(scope="module")
 def fsdp_checks() -> list[Check]:

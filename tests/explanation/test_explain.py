@@ -525,10 +525,12 @@ def fuzz_inputs(draw: st.DrawFn) -> str | bytes:
     return text
 
 
-@settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.heavy
+@settings(max_examples=2_000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(fuzz_inputs())
 def test_fuzz_never_raises_anything_else(text: str | bytes) -> None:
-    """10,000 generated inputs: a parse, or NotAnOomMessageError — never another exception."""
+    """2,000 generated inputs (derandomized: the same every run): a parse, or NotAnOomMessageError — never another
+    exception."""
     try:
         result = explain(text)
     except NotAnOomMessageError:

@@ -14,7 +14,8 @@ from oomlab.evidence.small_scale import SMALL_CASES, SmallCase, compare_small, r
 from oomlab.instruments.measured import measure_steps, real_model, resident_bytes
 
 # transformers deprecates its own alias internally (peft calls it)
-pytestmark = [pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")]
+pytestmark = [pytest.mark.heavy,  # real training steps on CPU
+              pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")]
 
 CASES = {case.label: case for case in SMALL_CASES}
 

@@ -115,6 +115,7 @@ def warm() -> None:
         assert main(["check", "--gpu", "a100-80gb", "--model", "llama-7b"]) == 0
 
 
+@pytest.mark.heavy
 @settings(max_examples=80, deadline=timedelta(seconds=HANG_S), derandomize=True, database=None,  # a hang guard
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(accelerate=st.none() | ACCELERATE, deepspeed=st.none() | DEEPSPEED, training_args=st.none() | TRAINING_ARGS,

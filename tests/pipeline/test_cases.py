@@ -28,6 +28,8 @@ from oomlab.reproduction.honesty import honest_reproduction
 from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.replay import reproduce
 
+pytestmark = pytest.mark.heavy  # runs the pipeline per case: `pytest -m "not heavy"` leaves it out
+
 CASES = {  # name: (model, gpu, gpus, method, precision)
     "seed": ("llama-13b", "t4", 4, "full", "fp16-mixed"),
     "a10g-lora": ("llama-2-7b", "a10g", 1, "lora", "bf16-mixed"),

@@ -21,6 +21,8 @@ from oomlab.pipeline.runner import run_pipeline
 from oomlab.report.html import raw_markdown
 from oomlab.report.sanitize import live_markup
 
+pytestmark = pytest.mark.heavy  # runs the whole pipeline: `pytest -m "not heavy"` leaves it out
+
 IMG = "<img src=x onerror=alert(1)>"
 LINK = "[click me](javascript:alert(3))"
 SCRIPT = "<script>alert(7)</script>"

@@ -18,6 +18,8 @@ from oomlab.pipeline.params import PARAMETERS, parse_params, render_params_help,
 from oomlab.pipeline.runner import PipelineResult, notebook_paths, run_pipeline
 from oomlab.report.results import read_results, write_results
 
+pytestmark = pytest.mark.heavy  # starts kernels: `pytest -m "not heavy"` leaves it out
+
 ACCEPTED = ("attention, batch, checkpointing, device, dtype, gpu, gpus, host_ram, launch_dir, lora_rank, lora_targets, "
             "message_format, method, model, non_pytorch_mib, optimizer, precision, seq, strategy, trace")
 DEFAULTS = {

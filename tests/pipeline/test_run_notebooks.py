@@ -9,6 +9,8 @@ from oomlab.core.paths import NOTEBOOKS_DIR, OUTPUTS_DIR
 from oomlab.pipeline.params import parse_params
 from oomlab.pipeline.runner import run_pipeline
 
+pytestmark = pytest.mark.heavy  # runs the notebooks with papermill: `pytest -m "not heavy"` leaves it out
+
 
 @pytest.fixture(scope="module")
 def seed_run(tmp_path_factory):

@@ -21,6 +21,8 @@ from oomlab.pipeline.ownership import MANIFEST_NAME, manifest_of, write_manifest
 from oomlab.pipeline.runner import NotebookRun, render_notebook_run, run_pipeline
 from tests.pipeline.test_pipeline import make_notebook
 
+pytestmark = pytest.mark.heavy  # starts kernels and CLI processes: `pytest -m "not heavy"` leaves it out
+
 # Like notebook 03: launch files under out_dir/configs, their folder recorded in the results.
 WRITES_CONFIGS = (
     "from pathlib import Path\n"

@@ -399,6 +399,7 @@ CPU_RUNS = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("config", "method", "extra", "patches", "prepared"), CPU_RUNS)
 def test_script_trains_two_steps_on_cpu(written, tmp_path, config: str, method: str, extra: list[str],
                                         patches: tuple[str, ...], prepared: dict) -> None:
@@ -435,6 +436,7 @@ DEEPSPEED_RUNS = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("strategy", "method", "prepared"), DEEPSPEED_RUNS)
 def test_deepspeed_remedy_trains_two_steps_on_cpu(tmp_path, strategy, method, prepared) -> None:
     """A ZeRO remedy's written JSON and accelerate config, launched with its own command's arguments, train 2 steps
