@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from oomlab.core.choices import Strategy
+from oomlab.core.defaults import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.memo import BoundedMemo
 from oomlab.core.models import ModelSpec
-from oomlab.core.setup import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS, TrainingSetup, make_setup
+from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.core.user_input import load_user_json, read_user_text, shown
 
 # DeepSpeed 0.19.8 defaults, deepspeed/runtime/zero/config.py

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, choice
-from oomlab.core.defaults import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS, DEFAULTS, launch_strategy  # noqa: F401 (re-exported)
+from oomlab.core.defaults import DEFAULT_LORA_TARGETS, DEFAULTS, launch_strategy
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ALL_LINEAR, ModelSpec, load_model

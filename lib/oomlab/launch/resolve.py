@@ -10,10 +10,11 @@ from typing import Any
 
 from oomlab.budget.deepspeed_config import read_deepspeed_config
 from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy
+from oomlab.core.defaults import DEFAULT_LORA_TARGETS
 from oomlab.core.errors import InvalidValueError, LaunchConflictError, LaunchFileError, UnknownNameError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ModelSpec, load_model
-from oomlab.core.setup import DEFAULT_LORA_TARGETS, make_setup
+from oomlab.core.setup import make_setup
 from oomlab.core.user_input import shown
 from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims, Strength
