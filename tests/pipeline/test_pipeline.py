@@ -14,7 +14,7 @@ from oomlab.core.errors import OomlabError, PipelineError
 from oomlab.core.gpus import known_gpus
 from oomlab.core.models import known_models
 from oomlab.pipeline.ownership import manifest_of, write_manifest
-from oomlab.pipeline.params import PARAMETERS, parse_params, render_params_help, validate_params
+from oomlab.pipeline.params import PARAMETERS, parse_params, read_user_setup, render_params_help, validate_params
 from oomlab.pipeline.runner import PipelineResult, notebook_paths, run_pipeline
 from oomlab.report.results import read_results, write_results
 
@@ -220,7 +220,7 @@ def test_launch_dir_errors_name_the_file(tmp_path: Path) -> None:
     """A launch_dir whose DeepSpeed JSON is malformed is refused naming the folder, the file and the line."""
     (tmp_path / "ds.json").write_text('{\n  "zero_optimization": {"stage": 2,,}\n}\n')
     with pytest.raises(OomlabError, match=rf"launch_dir '{tmp_path}'.*ds\.json:2:"):
-        parse_params([f"launch_dir={tmp_path}"])
+        read_user_setup(parse_params([f"launch_dir={tmp_path}"]))
 
 
 def test_dtype_error_lists_known_dtypes() -> None:

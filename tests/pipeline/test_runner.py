@@ -256,7 +256,7 @@ def no_notebook_may_run(monkeypatch: pytest.MonkeyPatch) -> None:
     def run_notebook(*args: object) -> None:
         raise AssertionError("a notebook ran")
 
-    monkeypatch.setattr(runner, "_run_notebook", run_notebook)
+    monkeypatch.setattr(runner, "run_notebook", run_notebook)
 
 
 def refused_before_running(out: Path) -> str:
@@ -422,14 +422,14 @@ def test_a_disk_filling_up_during_the_run_leaves_out_dir_as_it_was(finished: Pat
 def test_ctrl_c_keeps_the_partial_run_and_out_dir(finished: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An interrupt in the second notebook: RunInterrupted naming the kept partial run; out_dir as it was."""
     before = tree(finished)
-    run_notebook = runner._run_notebook
+    run_notebook = runner.run_notebook
 
     def interrupted(notebook: Path, *args: object) -> None:
         if notebook.name.startswith("02_"):
             raise KeyboardInterrupt
         run_notebook(notebook, *args)
 
-    monkeypatch.setattr(runner, "_run_notebook", interrupted)
+    monkeypatch.setattr(runner, "run_notebook", interrupted)
     with pytest.raises(runner.RunInterrupted) as info:
         run_pipeline({}, out_dir=finished, notebooks_dir=finished.parent / "notebooks")
     kept = finished.parent / ".out.failed"

@@ -429,9 +429,10 @@ def _aliases(family: Family, key: str) -> tuple[str, ...]:
     return tuple(alias for alias, target in mapping.items() if target == key)
 
 
-def model_from_config(config: dict[str, Any], name: str) -> ModelSpec:
-    """A spec from ``config.json`` fields in memory (tiny test models, say)."""
-    return _model_from_dict(name, dict(config), f"<in-memory config {name}>")
+def model_from_config(config: Mapping[str, Any], name: str, source: str | None = None) -> ModelSpec:
+    """A spec from ``config.json`` fields in memory (tiny test models; a run's setup record, which carries the user's
+    config fields with the path they were read from as ``source``), checked as :func:`load_model` checks a file's."""
+    return _model_from_dict(name, dict(config), source or f"<in-memory config {name}>")
 
 
 @lru_cache(maxsize=256)  # keyed by user input (a config.json path): bounded

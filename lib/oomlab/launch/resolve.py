@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from oomlab.budget.deepspeed_config import read_deepspeed_config
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, plain
 from oomlab.core.defaults import DEFAULT_LORA_TARGETS
 from oomlab.core.errors import InvalidValueError, LaunchConflictError, LaunchFileError, UnknownNameError
 from oomlab.core.gpus import load_gpu
@@ -305,7 +305,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
                    "lora_targets": Sourced(setup.lora_targets, fields["lora_targets"].origin)})
     if cmd is not None:
         fields["launcher"] = Sourced(cmd.launcher, flag_origin(cmd.text.split()[0]))
-    unmodelled += [Unmodelled(o, v, why) for o, v, why in claims.overridden]
+    unmodelled += [Unmodelled(o, plain(v), why) for o, v, why in claims.overridden]  # as written, not the enum
     ordered = {name: fields[name] for name in (*SETUP_ORDER, *sorted(set(fields) - set(SETUP_ORDER)))
                if name in fields}
     return UserLaunch(setup=setup, fields=ordered, deepspeed=settings, launcher=cmd.launcher if cmd else None,

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oomlab.core.choices import MESSAGE_FORMAT_NAMES, Attention, Device, Method, Optimizer, Precision, Strategy
 from oomlab.core.defaults import DEFAULTS
@@ -22,6 +22,9 @@ from oomlab.core.prices import HOST_RAM_AUTO, seed_machine_text
 from oomlab.core.setup import MAX_GPUS_PER_NODE
 from oomlab.core.units import MiB, format_size, parse_memory_size
 from oomlab.core.user_input import MAX_INT_DIGITS, SHOWN_CHARS, load_user_yaml, read_user_text, shown
+
+if TYPE_CHECKING:
+    from oomlab.launch.read import UserLaunch
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ PARAMETERS: dict[str, Param] = {
 # Injected into a notebook when its parameters cell declares them; not user parameters.
 RESULTS_PATH_PARAM = "results_path"
 OUT_DIR_PARAM = "out_dir"
+SETUP_PATH_PARAM = "setup_path"  # the run's setup record (oomlab.launch.record), read once by the runner
 
 _NONE_WORDS = ("none", "null", "~")
 _TRUE_WORDS = ("true", "yes", "on", "1")
@@ -238,7 +242,6 @@ def _check_together(params: Mapping[str, Any]) -> None:
         raise InvalidValueError(
             f"parameter 'lora_rank' {params['lora_rank']} exceeds {spec.name}'s hidden size {spec.hidden_size}: use "
             f"a rank from 1 to {spec.hidden_size}")
-    _check_launch(params)
 
 
 def _check_non_pytorch(params: Mapping[str, Any]) -> None:
@@ -256,14 +259,15 @@ def _check_non_pytorch(params: Mapping[str, Any]) -> None:
             "for the measured/default figure")
 
 
-def _check_launch(params: Mapping[str, Any]) -> None:
-    """The user's setup, read from ``launch_dir`` or assumed from the parameters, must be one oomlab can run: a bad
-    file or combination is refused naming it before any notebook runs (imported here: it loads the launch readers,
-    which the registry's importers need not)."""
+def read_user_setup(params: Mapping[str, Any]) -> UserLaunch:
+    """The user's setup, read from ``launch_dir`` or assumed from the (validated) parameters -- once per run: the
+    runner records it for every notebook (:mod:`oomlab.launch.record`).  One oomlab cannot run is refused naming the
+    bad file or combination, before any notebook runs (imported here: it loads the launch readers, which the
+    registry's importers need not)."""
     from oomlab.launch.user import user_launch
 
     try:
-        user_launch(params, {name: p.default for name, p in PARAMETERS.items()})
+        return user_launch(params, {name: p.default for name, p in PARAMETERS.items()})
     except OomlabError as err:
         where = f"launch_dir {shown(params['launch_dir'])}" if params.get("launch_dir") else "the user's setup"
         raise InvalidValueError(f"{where}: {err}") from err
@@ -298,7 +302,8 @@ def _read_params_file(params_file: str | os.PathLike[str]) -> dict[Any, Any]:
 def parse_params(
     pairs: Iterable[str] = (), params_file: str | os.PathLike[str] | None = None
 ) -> dict[str, Any]:
-    """Read ``params_file`` (YAML mapping) then ``key=value`` pairs (which win); return every parameter."""
+    """Read ``params_file`` (YAML mapping) then ``key=value`` pairs (which win); return every parameter (the launch
+    they name is read by :func:`read_user_setup`, once, when the run starts)."""
     raw: dict[Any, Any] = {} if params_file is None else _read_params_file(params_file)
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -308,3 +313,14 @@ def parse_params(
             )
         raw[key.strip()] = value.strip()
     return validate_params(raw)
+
+
+def notebook_launch(setup_path: str, params: Mapping[str, Any]) -> UserLaunch:
+    """The launch a notebook works on: the record the runner wrote at ``setup_path`` (the pipeline: read once, the
+    same typed value in every notebook), else -- a notebook opened by hand, ``setup_path`` empty -- read from its
+    parameter cell's ``params``."""
+    if setup_path:
+        from oomlab.launch.record import read_launch_record
+
+        return read_launch_record(setup_path)
+    return read_user_setup(validate_params(params))

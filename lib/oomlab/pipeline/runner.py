@@ -10,7 +10,9 @@ SHA-256, in the manifest the last run left there (:data:`~.ownership.MANIFEST_NA
 the run stop with a message naming the file, and every file stays byte for byte as it was.  A folder that cannot be
 created or written (``/proc``, a read-only or full filesystem) is refused the same way, before any notebook runs.
 
-It then executes ``notebooks/NN_*.ipynb`` in order into a staging folder beside ``out_dir`` (``.<name>.run-*``),
+It reads the user's launch once (:func:`~.params.read_user_setup`: a bad launch is refused here too), records it
+as ``results/setup.json`` (:mod:`oomlab.launch.record`) for every notebook to read back typed, then executes
+``notebooks/NN_*.ipynb`` in order into a staging folder beside ``out_dir`` (``.<name>.run-*``),
 checks that each wrote its results JSON (through :func:`oomlab.report.results.write_results`), renders
 ``report.html`` and writes the new manifest there, checks the ownership again (the folder may have changed during
 the run), and only then swaps the run's entries into ``out_dir``, one rename each, the previous run's moved aside
@@ -26,27 +28,23 @@ By default the kernels' own chatter (``[IPKernelApp] WARNING | Kernel is running
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
-import logging
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jupyter_client.manager import AsyncKernelManager
-from traitlets import Unicode
-from traitlets.config import Config
-
 from oomlab.core import paths
 from oomlab.core.errors import OutputFolderError, PipelineError, ReportError
+from oomlab.launch.read import UserLaunch
+from oomlab.launch.record import SETUP_RECORD_NAME, write_launch
+from oomlab.pipeline.kernel import run_notebook
 from oomlab.pipeline.ownership import (
     MANIFEST_NAME,
     Foreign,
@@ -57,12 +55,11 @@ from oomlab.pipeline.ownership import (
     unwritable,
     write_manifest,
 )
-from oomlab.pipeline.params import OUT_DIR_PARAM, RESULTS_PATH_PARAM, validate_params
+from oomlab.pipeline.params import RESULTS_PATH_PARAM, read_user_setup, validate_params
 from oomlab.report.html import render_report
 
 REPORT_NOTEBOOK = "04_report.ipynb"  # rendered as the report when present, else the first notebook
 REPORT_NAME = "report.html"
-KERNEL_NAME = "python3"
 # What a run owns in out_dir (notebook 03 writes configs/ through its out_dir parameter); the report goes last, so
 # a reader who sees the new report finds the new results beside it.  Anything else in out_dir is left alone.
 RUN_ENTRIES = ("notebooks", "results", "configs", REPORT_NAME)
@@ -95,145 +92,9 @@ def render_notebook_run(run: NotebookRun) -> str:
     return f"{run.name:<26} {run.seconds:6.1f} s"
 
 
-class KernelLogManager(AsyncKernelManager):
-    """jupyter_client's kernel manager, but the kernel process's own stdout and stderr go to :attr:`log_path`.
-
-    Cell outputs still reach the notebook (ipykernel captures them); what this catches is what the kernel prints
-    outside any cell's streams: its start-up warnings and C++ code writing to the file descriptors.  An empty
-    :attr:`log_path` inherits the terminal, as jupyter_client does.
-    """
-
-    log_path = Unicode("", config=True, help="file the kernel's stdout and stderr are appended to ('' = inherit)")
-
-    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
-        # NB: jupyter_client's documented override point ("override in a subclass to launch kernel subprocesses
-        # differently"); the keywords reach subprocess.Popen.
-        if not self.log_path:
-            return await super()._async_launch_kernel(kernel_cmd, **kw)
-        with open(self.log_path, "ab") as log:  # Popen duplicates the descriptor; ours can close at once
-            return await super()._async_launch_kernel(kernel_cmd, **{**kw, "stdout": log, "stderr": log})
-
-
 def notebook_paths(notebooks_dir: str | os.PathLike[str] = paths.NOTEBOOKS_DIR) -> list[Path]:
     """The numbered notebooks ``NN_*.ipynb`` in run order (``explore.ipynb`` and others left out)."""
     return sorted(p for p in Path(notebooks_dir).glob("*.ipynb") if _NUMBERED.match(p.name))
-
-
-def _first_line(source: str) -> str:
-    lines = [line.strip() for line in source.splitlines() if line.strip()]
-    return lines[0] if lines else "<empty cell>"
-
-
-def _failing_cell(executed: Path) -> tuple[int, str] | None:
-    """Index in the *source* notebook and source of the cell that failed or was running, if known.
-
-    Papermill marks a raising cell ``metadata.papermill.exception``; after a timeout or a dead kernel
-    the failing cell is the last one that started.  The injected-parameters cell and papermill's
-    error-marker cells are not in the source notebook, so they are skipped when counting.
-    """
-    import nbformat
-
-    try:
-        nb = nbformat.read(executed, as_version=4)
-    except (OSError, ValueError):
-        return None
-    own = [c for c in nb.cells
-           if not {"injected-parameters", "papermill-error-cell-tag"} & set(c.metadata.get("tags", []))]
-    started = None
-    for index, cell in enumerate(own):
-        meta = cell.metadata.get("papermill", {})
-        if meta.get("exception") is True:
-            return index, cell.source
-        if cell.cell_type == "code" and meta.get("start_time"):
-            started = (index, cell.source)
-    return started
-
-
-def _mark_interrupted(executed: Path, error: str) -> None:
-    """Record a timeout or dead kernel in the kept notebook, as an error output on the running cell."""
-    import nbformat
-
-    try:
-        nb = nbformat.read(executed, as_version=4)
-    except (OSError, ValueError):
-        return
-    running = [
-        c for c in nb.cells if c.cell_type == "code" and c.metadata.get("papermill", {}).get("start_time")
-    ]
-    if not running:
-        return
-    cell = running[-1]
-    ename, _, evalue = error.partition(": ")
-    cell.outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[error]))
-    cell.metadata.papermill["exception"] = True
-    cell.metadata.papermill["status"] = "failed"
-    nbformat.write(nb, executed)
-
-
-def _failure(notebook: Path, executed: Path, error: str) -> PipelineError:
-    cell = _failing_cell(executed)
-    where = "" if cell is None else f" at cell {cell[0]} ({_first_line(cell[1])!r})"
-    return PipelineError(
-        f"notebook {notebook.name} failed{where}: {error}; the executed notebook is kept at {executed}"
-    )
-
-
-@contextlib.contextmanager
-def _papermill_log_to(path: Path | None) -> Iterator[None]:
-    """Papermill's and nbclient's log records (``logging.getLogger("papermill")``: "Kernel died while waiting for
-    execute reply." when Ctrl-C reaches the kernel) go to ``path`` instead of the terminal; None leaves them be
-    (``--verbose``).  The failure itself is reported once, by the runner."""
-    if path is None:
-        yield
-        return
-    logger = logging.getLogger("papermill")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    propagate = logger.propagate
-    logger.addHandler(handler)
-    logger.propagate = False
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
-        handler.close()
-
-
-def _run_notebook(notebook: Path, executed: Path, params: dict[str, Any], results_path: Path, out_dir: Path,
-                  progress: bool, cell_timeout: int, kernel_log: Path | None) -> None:
-    """Execute one notebook; ``kernel_log`` None lets the kernel print to the terminal and echoes cell output."""
-    import papermill
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-    from papermill.exceptions import PapermillExecutionError
-
-    declared = papermill.inspect_notebook(str(notebook))
-    available = {**params, RESULTS_PATH_PARAM: str(results_path), OUT_DIR_PARAM: str(out_dir)}
-    inject = {name: available[name] for name in declared if name in available}
-    if kernel_log is None:
-        quiet: dict[str, Any] = {"stdout_file": sys.stdout, "stderr_file": sys.stderr}
-    else:
-        quiet = {"config": Config({KernelLogManager.__name__: {"log_path": str(kernel_log)}})}
-    try:
-        with _papermill_log_to(kernel_log):
-            papermill.execute_notebook(
-                str(notebook), str(executed), parameters=inject, kernel_name=KERNEL_NAME,
-                progress_bar=progress, execution_timeout=cell_timeout, kernel_manager_class=KernelLogManager,
-                # NB: the notebooks folder, as in Jupyter, so relative paths resolve the same both ways;
-                # every output goes through the absolute results_path / out_dir.
-                cwd=str(notebook.parent), **quiet,
-            )
-    except PapermillExecutionError as err:
-        raise _failure(notebook, executed, f"{err.ename}: {err.evalue}") from err
-    except CellTimeoutError as err:
-        # nbclient raises this past execution_timeout; papermill passes it through unwrapped.
-        error = f"CellTimeoutError: cell execution timed out after {cell_timeout} s"
-        _mark_interrupted(executed, error)
-        raise _failure(notebook, executed, error) from err
-    except DeadKernelError as err:
-        error = f"DeadKernelError: {err}"
-        _mark_interrupted(executed, error)
-        raise _failure(notebook, executed, error) from err
 
 
 def _retarget(folder: Path, old: Path, new: Path) -> None:
@@ -396,6 +257,7 @@ def run_pipeline(
     swapped = False
     try:
         params = validate_params(params)
+        launch = read_user_setup(params)  # once per run: every notebook reads this record (results/setup.json)
         out_dir = output_folder(out_dir)
         notebooks = notebook_paths(notebooks_dir)
         if not notebooks:
@@ -413,7 +275,8 @@ def run_pipeline(
                 staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.run-", dir=out_dir.parent))
             except OSError as err:
                 raise unwritable(out_dir, err) from err
-            runs = _run_and_swap(notebooks, staging, out_dir, params, progress, cell_timeout, verbose, on_notebook)
+            runs = _run_and_swap(notebooks, staging, out_dir, params, launch, progress, cell_timeout, verbose,
+                                 on_notebook)
             swapped = True
     except KeyboardInterrupt as err:
         if swapped or isinstance(err, RunInterrupted):
@@ -425,14 +288,14 @@ def run_pipeline(
     return PipelineResult(executed, results, out_dir / REPORT_NAME, time.perf_counter() - start, tuple(runs))
 
 
-def _run_and_swap(notebooks: list[Path], staging: Path, out_dir: Path, params: dict[str, Any], progress: bool,
-                  cell_timeout: int, verbose: bool,
+def _run_and_swap(notebooks: list[Path], staging: Path, out_dir: Path, params: dict[str, Any], launch: UserLaunch,
+                  progress: bool, cell_timeout: int, verbose: bool,
                   on_notebook: Callable[[NotebookRun], None] | None) -> list[NotebookRun]:
     """Run, render and write the manifest in ``staging``, check the ownership again, then swap into ``out_dir``; on
     any failure keep the staged run as ``.<name>.failed`` and say so."""
     try:
         try:
-            runs = _run_staged(notebooks, staging, params, progress, cell_timeout, verbose, on_notebook)
+            runs = _run_staged(notebooks, staging, params, launch, progress, cell_timeout, verbose, on_notebook)
             _retarget(staging, staging, out_dir)
             source = next((staging / "notebooks" / r.name for r in runs if r.name == REPORT_NOTEBOOK),
                           staging / "notebooks" / runs[0].name)
@@ -469,11 +332,14 @@ def _run_and_swap(notebooks: list[Path], staging: Path, out_dir: Path, params: d
     return runs
 
 
-def _run_staged(notebooks: list[Path], staging: Path, params: dict[str, Any], progress: bool, cell_timeout: int,
-                verbose: bool, on_notebook: Callable[[NotebookRun], None] | None) -> list[NotebookRun]:
-    """Run every notebook with ``staging`` as its ``out_dir``; raise :class:`PipelineError` at the first failure."""
+def _run_staged(notebooks: list[Path], staging: Path, params: dict[str, Any], launch: UserLaunch, progress: bool,
+                cell_timeout: int, verbose: bool,
+                on_notebook: Callable[[NotebookRun], None] | None) -> list[NotebookRun]:
+    """Record ``launch`` in ``results/``, then run every notebook with ``staging`` as its ``out_dir``; raise
+    :class:`PipelineError` at the first failure."""
     for sub in ("notebooks", "results", *(() if verbose else (LOGS_DIR,))):
         (staging / sub).mkdir()
+    setup_path = write_launch(staging / "results" / SETUP_RECORD_NAME, launch)
     runs = []
     for notebook in notebooks:
         notebook = notebook.resolve()
@@ -481,7 +347,8 @@ def _run_staged(notebooks: list[Path], staging: Path, params: dict[str, Any], pr
         results_path = staging / "results" / f"{notebook.stem}.json"
         kernel_log = None if verbose else staging / LOGS_DIR / f"{notebook.stem}.log"
         began = time.perf_counter()
-        _run_notebook(notebook, executed, params, results_path, staging, progress, cell_timeout, kernel_log)
+        run_notebook(notebook, executed, params, setup_path, results_path, staging, progress, cell_timeout,
+                      kernel_log)
         if not results_path.is_file():
             raise PipelineError(
                 f"notebook {notebook.name} ran but wrote no results at {results_path}; it should call"
