@@ -111,8 +111,8 @@ def test_failed_run_kept_beside_a_folder_it_never_creates(tmp_path: Path) -> Non
     assert beside(out) == [".out.failed"]
     kept = out.parent / ".out.failed"
     assert sorted(p.name for p in kept.iterdir()) == ["configs", "logs", "notebooks", "results"]
-    # the kept run names its own folder, so its notebooks can be re-run where they are
-    assert json.loads((kept / "results" / "01_configs.json").read_text()) == {"config_dir": str(kept / "configs")}
+    # the kept run names its own folder (relative to its notebooks), so its notebooks can be re-run where they are
+    assert json.loads((kept / "results" / "01_configs.json").read_text()) == {"config_dir": "../configs"}
 
 
 def test_out_dir_that_is_a_file_is_refused_before_running(tmp_path: Path) -> None:
@@ -185,13 +185,14 @@ def test_successful_run_replaces_the_run_and_keeps_the_rest(finished: Path) -> N
 
 
 def test_swapped_run_names_the_folder_it_lives_in(finished: Path) -> None:
-    """Results, launch files and executed notebooks name out_dir, never the staging folder they ran in."""
+    """Results, launch files and executed notebooks name the run's folder relative to the executed notebook (as
+    Jupyter opened there would), never the staging folder they ran in: nothing is rewritten after the swap."""
     configs = finished / "configs"
-    assert json.loads((finished / "results" / "01_configs.json").read_text()) == {"config_dir": str(configs)}
-    assert (configs / "launch.yaml").read_text() == f"cd {configs}\n"
+    assert json.loads((finished / "results" / "01_configs.json").read_text()) == {"config_dir": "../configs"}
+    assert (configs / "launch.yaml").read_text() == "cd ../configs\n"
     executed = nbformat.read(finished / "notebooks" / "01_configs.ipynb", as_version=4)
-    assert f"out_dir = {str(finished)!r}" in executed.cells[2].source.replace('"', "'")
-    assert executed.cells[3].outputs[0].text == f"written to {configs}\n"
+    assert "out_dir = '..'" in executed.cells[2].source.replace('"', "'")
+    assert executed.cells[3].outputs[0].text == "written to ../configs\n"
     for path in finished.rglob("*"):
         assert path.is_dir() or ".out.run-" not in path.read_text(errors="replace"), path
 

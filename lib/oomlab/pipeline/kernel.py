@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,14 +124,22 @@ def _papermill_log_to(path: Path | None) -> Iterator[None]:
 
 def run_notebook(notebook: Path, executed: Path, params: dict[str, Any], setup_path: Path, results_path: Path,
                   out_dir: Path, progress: bool, cell_timeout: int, kernel_log: Path | None) -> None:
-    """Execute one notebook; ``kernel_log`` None lets the kernel print to the terminal and echoes cell output."""
+    """Execute ``notebook`` into ``executed``; ``kernel_log`` None lets the kernel print to the terminal and echoes
+    cell output.
+
+    The kernel runs in ``executed``'s folder and every path it is given is relative to it (``out_dir = ".."``,
+    ``results_path = "../results/01_….json"``): what the notebooks write names the run's own folder wherever it is
+    moved -- the staging folder, ``out_dir`` after the swap, a copy -- and an executed notebook opened in Jupyter
+    from there runs the same."""
     import papermill
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.exceptions import PapermillExecutionError
 
     declared = papermill.inspect_notebook(str(notebook))
-    available = {**params, SETUP_PATH_PARAM: str(setup_path), RESULTS_PATH_PARAM: str(results_path),
-                 OUT_DIR_PARAM: str(out_dir)}
+    here = executed.parent
+    available = {**params, **{name: os.path.relpath(path, here) for name, path in
+                              ((SETUP_PATH_PARAM, setup_path), (RESULTS_PATH_PARAM, results_path),
+                               (OUT_DIR_PARAM, out_dir))}}
     inject = {name: available[name] for name in declared if name in available}
     if kernel_log is None:
         quiet: dict[str, Any] = {"stdout_file": sys.stdout, "stderr_file": sys.stderr}
@@ -141,9 +150,9 @@ def run_notebook(notebook: Path, executed: Path, params: dict[str, Any], setup_p
             papermill.execute_notebook(
                 str(notebook), str(executed), parameters=inject, kernel_name=KERNEL_NAME,
                 progress_bar=progress, execution_timeout=cell_timeout, kernel_manager_class=KernelLogManager,
-                # NB: the notebooks folder, as in Jupyter, so relative paths resolve the same both ways;
-                # every output goes through the absolute results_path / out_dir.
-                cwd=str(notebook.parent), **quiet,
+                # NB: the executed notebook's folder, as Jupyter would run it from there: the injected paths are
+                # relative to it (the user's own paths, launch_dir, are absolute: params made them so)
+                cwd=str(here), **quiet,
             )
     except PapermillExecutionError as err:
         raise _failure(notebook, executed, f"{err.ename}: {err.evalue}") from err
@@ -156,3 +165,19 @@ def run_notebook(notebook: Path, executed: Path, params: dict[str, Any], setup_p
         error = f"DeadKernelError: {err}"
         _mark_interrupted(executed, error)
         raise _failure(notebook, executed, error) from err
+    finally:
+        _own_name(executed)
+
+
+def _own_name(executed: Path) -> None:
+    """Papermill records the path it wrote to (``metadata.papermill.output_path``: the staging folder); the executed
+    notebook names itself instead, as the injected paths are relative to it."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(executed, as_version=4)
+    except (OSError, ValueError):
+        return  # not written (papermill failed before it) or unreadable: nothing names the staging folder
+    if "output_path" in nb.metadata.get("papermill", {}):
+        nb.metadata.papermill["output_path"] = executed.name
+        nbformat.write(nb, executed)

@@ -17,7 +17,7 @@ from oomlab.core.defaults import DEFAULTS
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import load_gpu
-from oomlab.core.models import ALL_LINEAR, load_model
+from oomlab.core.models import ALL_LINEAR, known_models, load_model
 from oomlab.core.prices import HOST_RAM_AUTO, seed_machine_text
 from oomlab.core.setup import MAX_GPUS_PER_NODE
 from oomlab.core.units import MiB, format_size, parse_memory_size
@@ -52,6 +52,12 @@ def _lora_targets(value: str) -> str:
     return ",".join(names)
 
 
+def _model(value: str) -> str:
+    """A shipped name as is; a config.json's path absolute (the notebooks run in their own folder)."""
+    name = load_model(value).name
+    return name if name in known_models() else str(Path(name).expanduser().resolve())
+
+
 def _launch_dir(value: str) -> str:
     """The folder, absolute (the notebooks run elsewhere); an empty value is refused, not read as the current
     folder."""
@@ -75,7 +81,7 @@ PARAMETERS: dict[str, Param] = {
     p.name: p
     for p in (
         Param("model", str, DEFAULTS.model, "shipped model name or path to a config.json",
-              canonical=lambda v: load_model(v).name),
+              canonical=_model),
         Param("dtype", str, DEFAULTS.dtype, "storage dtype of the weights",
               canonical=lambda v: load_dtype(v).name),
         Param("gpu", str, DEFAULTS.gpu, "GPU model", canonical=lambda v: load_gpu(v).name),

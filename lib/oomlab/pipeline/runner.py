@@ -29,7 +29,6 @@ By default the kernels' own chatter (``[IPKernelApp] WARNING | Kernel is running
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import shutil
@@ -95,27 +94,6 @@ def render_notebook_run(run: NotebookRun) -> str:
 def notebook_paths(notebooks_dir: str | os.PathLike[str] = paths.NOTEBOOKS_DIR) -> list[Path]:
     """The numbered notebooks ``NN_*.ipynb`` in run order (``explore.ipynb`` and others left out)."""
     return sorted(p for p in Path(notebooks_dir).glob("*.ipynb") if _NUMBERED.match(p.name))
-
-
-def _retarget(folder: Path, old: Path, new: Path) -> None:
-    """Write ``new`` for ``old`` in every text file under ``folder``.
-
-    The notebooks ran with the staging folder as their ``out_dir``, so their outputs, results JSON and launch
-    files name it ("the files are in …/configs"); once swapped in, they must name the folder they live in.
-    NB: the staging name is unique (``mkdtemp``), so a plain replacement cannot hit anything else; the JSON-escaped
-    form covers paths JSON writes differently.
-    """
-    pairs = {(str(old), str(new)), (json.dumps(str(old))[1:-1], json.dumps(str(new))[1:-1])}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue  # binary (a figure) or unreadable: nothing to rewrite
-        changed = text
-        for before, after in pairs:
-            changed = changed.replace(before, after)
-        if changed != text:
-            path.write_bytes(changed.encode("utf-8"))  # in place, keeping the file's mode (train.py, say)
 
 
 class _SwapStuckError(PipelineError):
@@ -229,10 +207,6 @@ def _keep_failed(staging: Path, out_dir: Path) -> Path:
         os.rename(staging, kept)
     except OSError:
         return staging  # still there, under its staging name
-    try:
-        _retarget(kept, staging, kept)
-    except OSError:
-        pass  # a full disk: the kept run names its staging folder, and is kept all the same
     return kept
 
 
@@ -296,7 +270,6 @@ def _run_and_swap(notebooks: list[Path], staging: Path, out_dir: Path, params: d
     try:
         try:
             runs = _run_staged(notebooks, staging, params, launch, progress, cell_timeout, verbose, on_notebook)
-            _retarget(staging, staging, out_dir)
             source = next((staging / "notebooks" / r.name for r in runs if r.name == REPORT_NOTEBOOK),
                           staging / "notebooks" / runs[0].name)
             try:
