@@ -8,7 +8,7 @@ import pytest
 
 from oomlab.core.paths import NOTEBOOKS_DIR
 from oomlab.explorer import Choices
-from oomlab.pipeline.params import OUT_DIR_PARAM, PARAMETERS, RESULTS_PATH_PARAM
+from oomlab.pipeline.params import OUT_DIR_PARAM, PARAMETERS, RESULTS_PATH_PARAM, SETUP_PATH_PARAM
 from oomlab.pipeline.runner import notebook_paths
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
@@ -57,7 +57,7 @@ def test_parameter_literals_are_the_registrys_defaults(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     for node in ast.parse(nb.cells[1].source).body:
         name, value = node.targets[0].id, ast.literal_eval(node.value)
-        if name in (RESULTS_PATH_PARAM, OUT_DIR_PARAM):
+        if name in (RESULTS_PATH_PARAM, OUT_DIR_PARAM, SETUP_PATH_PARAM):
             assert value == "", name
         elif name in PARAMETERS:
             assert same_literal(value, PARAMETERS[name].default), (path.name, name, value)

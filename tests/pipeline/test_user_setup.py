@@ -1,6 +1,6 @@
 """Notebooks 02 and 03 (and so the report, 04) start from the user's setup, the one notebook 01 reads: the same
-``user_launch`` call over the same parameters, budgeted and planned as it is (defaults, a LoRA/FSDP2 run given by
-``-p``, the Open-Assistant twin's launch files)."""
+``notebook_launch`` call (the runner's record; by hand, the same parameters), budgeted and planned as it is
+(defaults, a LoRA/FSDP2 run given by ``-p``, the Open-Assistant twin's launch files)."""
 
 import ast
 from pathlib import Path
@@ -12,8 +12,8 @@ from oomlab.budget import display as br
 from oomlab.core.gpus import load_gpu
 from oomlab.core.paths import NOTEBOOKS_DIR
 from oomlab.evidence import agreement
-from oomlab.launch.user import PARAM_FIELDS, setup_kwargs, user_launch
-from oomlab.pipeline.params import PARAMETERS
+from oomlab.launch.user import PARAM_FIELDS, setup_kwargs
+from oomlab.pipeline.params import PARAMETERS, SETUP_PATH_PARAM, notebook_launch
 from oomlab.remedies.plan import make_plan, seed_setup
 from oomlab.report import story
 from oomlab.report.results import budget_results, setup_case
@@ -35,26 +35,28 @@ def _declared(stem: str) -> set[str]:
 
 
 def _launch_call(stem: str) -> ast.Call:
-    """The notebook's ``user_launch(...)`` call, as written in its cells."""
+    """The notebook's ``notebook_launch(...)`` call, as written in its cells."""
     for source in _cells(stem)[1:]:
         source = "\n".join(line for line in source.splitlines() if not line.startswith("%"))
         for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "user_launch":
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "notebook_launch":
                 return node
-    raise AssertionError(f"{stem} does not call user_launch")
+    raise AssertionError(f"{stem} does not call notebook_launch")
 
 
 def _notebook_launch(stem: str, changes: dict):
-    """What the notebook's own call returns when the runner injects ``changes`` (only the names it declares)."""
+    """What the notebook's own call returns, opened by hand (no setup record) with ``changes`` as its parameters
+    (only the names it declares)."""
     injected = {name: DEFAULTS[name] for name in _declared(stem) if name in DEFAULTS}
     injected |= {name: str(v) if isinstance(v, Path) else v for name, v in changes.items() if name in injected}
     code = compile(ast.Expression(_launch_call(stem)), stem, "eval")
-    return eval(code, {"user_launch": user_launch, "PARAMETERS": PARAMETERS, **injected})  # noqa: S307
+    return eval(code, {"notebook_launch": notebook_launch, **injected, SETUP_PATH_PARAM: ""})  # noqa: S307
 
 
-def test_every_setup_notebook_declares_what_user_launch_reads() -> None:
-    """A ``-p`` the runner passes to notebook 01 reaches 02 and 03 too (it injects only declared names)."""
-    wanted = {"model", "dtype", "gpu", "launch_dir", *PARAM_FIELDS}
+def test_every_setup_notebook_declares_what_notebook_launch_reads() -> None:
+    """A ``-p`` the runner passes to notebook 01 reaches 02 and 03 too (it injects only declared names), and the
+    setup record's path reaches all three."""
+    wanted = {"model", "dtype", "gpu", "launch_dir", SETUP_PATH_PARAM, *PARAM_FIELDS}
     for stem in SETUP_NOTEBOOKS:
         assert wanted <= _declared(stem), (stem, wanted - _declared(stem))
 

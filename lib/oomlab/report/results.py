@@ -91,9 +91,14 @@ def budget_results(case: Mapping[str, Any], gpu: GPUSpec, gpus: int, outside_byt
 
 def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None, config_dir: Path,
                  written: Mapping[str, Path], placement: DeviceMapPlacement | None, fit_maps: Sequence[FitMap],
-                 checks: Mapping[str, Verification]) -> dict[str, Any]:
-    """Notebook 03's results: every remedy, the knob table, the fix and its launch files, the small-scale checks."""
+                 checks: Mapping[str, Verification], run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Notebook 03's results: every remedy, the knob table, the fix and its launch files, the small-scale checks;
+    paths relative to ``run_dir`` (the run's folder, where the report lives) when given."""
     rec = plan.recommended
+
+    def where(path: Path) -> str:
+        return str(path) if run_dir is None else os.path.relpath(path, run_dir)
+
     return {
         "case": dict(case),
         "seed": plan.seed.to_dict(),
@@ -102,8 +107,8 @@ def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None
         "knobs": [k.to_dict() for k in plan.knobs],
         "recommended": rec.to_dict() if rec else None,
         "launch_command": launch_command,
-        "config_dir": str(config_dir),
-        "config_files": {name: str(path) for name, path in written.items()},
+        "config_dir": where(config_dir),
+        "config_files": {name: where(path) for name, path in written.items()},
         "device_map": placement.to_dict() if placement else None,
         "fit_maps": [m.to_dict() for m in fit_maps],
         "verification": {name: v.to_dict() for name, v in checks.items()},

@@ -307,8 +307,9 @@ def shell_lines(command: str, width: int = 48) -> str:
     return " \\\n".join(lines)
 
 
-def config_files(r: dict[str, Any]) -> list[tuple[str, str]]:
-    """(name, content) of the emitted configuration files the recommended remedy uses (read from disk).
+def config_files(r: dict[str, Any], run_dir: str | Path = ".") -> list[tuple[str, str]]:
+    """(name, content) of the emitted configuration files the recommended remedy uses (read from disk, under the
+    run's folder ``run_dir``: the results name them relative to it).
 
     The training script itself is named, not printed (it is the same for every remedy).
     """
@@ -317,7 +318,7 @@ def config_files(r: dict[str, Any]) -> list[tuple[str, str]]:
     wanted = set(rec.get("config_files", []))
     out = []
     for name, path in plan["config_files"].items():
-        p = Path(path)
+        p = Path(run_dir) / path  # an absolute path (an older run's results) stays itself
         if (p.name in wanted or name in wanted) and p.is_file() and p.suffix != ".py":
             out.append((p.name, p.read_text()))
     return out
