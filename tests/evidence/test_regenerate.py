@@ -21,6 +21,7 @@ GENERATORS = {
     "small-scale": "docs/small-scale-measured.md",
     "deepspeed-measured": "docs/deepspeed-small-scale.md",
     "deepspeed-estimators": "docs/deepspeed-estimators.md",
+    "margins": "lib/oomlab/data/margins.json",
 }
 
 

@@ -42,6 +42,10 @@ GENERATORS: tuple[Generator, ...] = (
               "Estimate every published measurement (lib/oomlab/data/published-measurements.json) again and set "
               "each beside the oomlab figure for the counter its source read.",
               ("docs/published-measurements.md",), "a few seconds"),
+    Generator("margins", "margins",
+              "Derive the margin a fit must keep per training method from the published measurements (the largest "
+              "excess of a trusted real-GPU peak over the estimate, plus fragmentation).",
+              ("lib/oomlab/data/margins.json",), "a few seconds"),
     Generator("deepspeed-estimators", "deepspeed_estimators",
               "Run DeepSpeed's own ZeRO memory estimators again and set oomlab's DeepSpeed budget beside them, "
               "every difference sized.", ("docs/deepspeed-estimators.md",), "about a second"),

@@ -1,0 +1,65 @@
+"""The margins a fit must keep, from the published real-GPU peaks: ``python -m oomlab.evidence margins`` writes
+``lib/oomlab/data/margins.json`` (read by :mod:`oomlab.remedies.margin`).
+
+Per training method (full, LoRA, QLoRA): the trusted rows (reliability high or medium, never a suspect or low one)
+of ``lib/oomlab/data/published-measurements.json`` estimated again (:func:`oomlab.evidence.published.compare_all`);
+the underestimate is the largest ``published / estimate - 1`` among them (a row above the estimate; rows below it
+need no margin), so the margin covers every trusted measurement.  Plus a fragmentation allowance, assumed and
+stated: rows compared on ``allocated`` or ``active`` counters do not include the allocator's cached-but-free blocks.
+A method with no trusted row gets the largest margin of the others, said so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from oomlab.core.choices import Method
+from oomlab.evidence.published import Comparison, compare_all
+from oomlab.evidence.published_rows import Reliability
+from oomlab.remedies.margin import MARGINS_JSON
+
+TRUSTED = (Reliability.HIGH, Reliability.MEDIUM)
+FRAGMENTATION = 0.03  # assumed: PyTorch's caching allocator rounds and caches blocks; a few % of the peak
+REGENERATE = ".venv/bin/python -m oomlab.evidence margins"
+
+
+def _method(c: Comparison) -> Method:
+    return Method(c.row.setup_kwargs.get("method", Method.FULL.value))
+
+
+def margins_data(comparisons: Sequence[Comparison] | None = None) -> dict[str, Any]:
+    comparisons = compare_all() if comparisons is None else comparisons
+    trusted = [c for c in comparisons if c.error is not None and c.row.reliability in TRUSTED]
+    out = []
+    for method in Method:
+        rows = [c for c in trusted if _method(c) is method]
+        if rows:
+            worst = max(rows, key=lambda c: 1 / (1 + c.error) - 1)
+            under = max(0.0, 1 / (1 + worst.error) - 1)
+            source = (f"the largest excess of a trusted published peak over oomlab's estimate, {under:.1%} "
+                      f"({worst.row.id}, of {len(rows)} trusted rows), plus {FRAGMENTATION:.0%} for fragmentation "
+                      "(assumed)")
+            out.append({"method": method.value, "underestimate": round(under, 4), "fragmentation": FRAGMENTATION,
+                        "rows": len(rows), "worst_row": worst.row.id, "source": source})
+    if not out:
+        raise AssertionError("no trusted published row: no margin can be derived")
+    widest = max(out, key=lambda m: m["underestimate"])
+    for method in Method:
+        if all(m["method"] != method.value for m in out):
+            out.append({**widest, "method": method.value, "rows": 0,
+                        "source": f"no trusted published peak for {method.value}: the widest margin of the others "
+                                  f"({widest['method']}: {widest['source']})"})
+    return {"generated_by": REGENERATE, "from": "lib/oomlab/data/published-measurements.json",
+            "margins": sorted(out, key=lambda m: [x.value for x in Method].index(m["method"]))}
+
+
+def render(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def regenerate() -> int:
+    MARGINS_JSON.write_text(render(margins_data()))
+    print(f"wrote {MARGINS_JSON}")
+    return 0

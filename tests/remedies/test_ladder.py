@@ -1,0 +1,89 @@
+"""The ladder of least disruption (issue 22): the fix keeps what the user chose unless nothing else fits, needs
+only the changes it names, keeps the margin, and calls a fit inside the margin "tight"."""
+
+import json
+
+import pytest
+
+from oomlab.core.choices import Method, Strategy
+from oomlab.core.prices import resolve_host_ram
+from oomlab.core.setup import make_setup
+from oomlab.remedies.ladder import KIND, Kind, Rung, climb
+from oomlab.remedies.margin import MARGINS_JSON, margin_for
+from oomlab.remedies.remedy import Evaluator
+
+
+def _fix(**kw):
+    setup = make_setup(**kw)
+    return climb(setup, Evaluator(resolve_host_ram("auto", setup.gpu.name, setup.gpus).host_ram_bytes, None))
+
+
+# four users: a LoRA run on one consumer GPU, full fine-tuning on FSDP and on DeepSpeed, MoE QLoRA
+FOUR_USERS = {
+    "lora on one A10G": dict(model="mistral-7b", gpu="a10g", gpus=1, method="lora", precision="bf16-mixed", batch=1,
+                             seq=2048),
+    "full FSDP, 8 x A100-40GB, micro-batch 8": dict(model="llama-3.1-8b", gpu="a100-40gb", gpus=8, strategy="fsdp",
+                                                    precision="bf16-mixed", batch=8, seq=2048),
+    "full ZeRO-2, 8 x V100-32GB": dict(model="llama-2-7b", gpu="v100-32gb", gpus=8, strategy="zero2",
+                                       precision="fp16-mixed", batch=4, seq=2048),
+    "MoE QLoRA, 4 x A100-80GB, 4 x 4096": dict(model="mixtral-8x7b", gpu="a100-80gb", gpus=4, strategy="fsdp",
+                                               method="qlora", precision="bf16-mixed", batch=4, seq=4096),
+}
+
+
+@pytest.mark.parametrize("name", FOUR_USERS)
+def test_the_fix_keeps_the_users_method_when_a_same_method_rung_fits(name: str) -> None:
+    fix = _fix(**FOUR_USERS[name])
+    assert fix.setup is not None, fix.tried
+    assert fix.keeps_method and fix.fixed.fits
+    assert all(KIND[s.rung] is not Kind.TRAINED for s in fix.steps)
+
+
+def test_checkpointing_alone_when_it_fits() -> None:
+    """LoRA on one A10G: checkpointing is the fix, nothing else changes (not QLoRA, not a shorter sequence)."""
+    fix = _fix(**FOUR_USERS["lora on one A10G"])
+    assert [s.rung for s in fix.steps] == [Rung.CHECKPOINTING]
+    assert (fix.setup.method, fix.setup.batch, fix.setup.seq) == (Method.LORA, 1, 2048)
+
+
+def test_micro_batch_down_keeps_the_global_batch() -> None:
+    """70B LoRA at micro-batch 16 over 3 x 8 A100-40GB: micro-batch 1 with accumulation 16, sharded, checkpointed."""
+    fix = _fix(model="llama-2-70b", gpu="a100-40gb", gpus=8, nodes=3, method="lora", precision="bf16-mixed",
+               batch=16, seq=2048, strategy="ddp")
+    assert fix.setup is not None and fix.setup.method is Method.LORA
+    assert fix.setup.batch * fix.accumulation == 16
+    assert fix.setup.strategy is Strategy.FSDP and fix.setup.checkpointing
+
+
+def test_a_searched_rung_does_not_pay_for_a_dropped_change() -> None:
+    """Qwen2.5-7B LoRA on one RTX 4090 at 4 x 4096: checkpointing and micro-batch 1 stay in the fix whatever the
+    last rung is (a shorter sequence instead of them would change the data more)."""
+    fix = _fix(model="qwen2.5-7b", gpu="rtx-4090", gpus=1, method="lora", precision="bf16-mixed", batch=4,
+               seq=4096)
+    rungs = [s.rung for s in fix.steps]
+    assert Rung.CHECKPOINTING in rungs and Rung.MICRO_BATCH in rungs
+    assert fix.setup.batch == 1 and fix.accumulation == 4
+
+
+def test_a_fit_inside_the_margin_is_tight() -> None:
+    """The peak fits the GPU but not with the class's margin: "tight", never "fits"."""
+    fix = _fix(model="qwen2.5-7b", gpu="rtx-4090", gpus=1, method="lora", precision="bf16-mixed", batch=4,
+               seq=4096)
+    assert fix.tight and fix.tight[-1].setup.batch == 1
+    tight = [v for r, v in fix.tried if v == "tight"]
+    assert tight, fix.tried
+
+
+def test_the_margins_come_from_the_published_evidence() -> None:
+    """Each method's margin names the published row that sets it; full fine-tuning's is the PEFT benchmark's."""
+    raw = json.loads(MARGINS_JSON.read_text())
+    assert {m["method"] for m in raw["margins"]} == {m.value for m in Method}
+    full = margin_for(make_setup(model="llama-2-7b", gpus=1))
+    assert full.worst_row and full.worst_row.startswith("peft-metamathqa") and 0.05 < full.fraction < 0.2
+
+
+def test_the_margins_file_is_current() -> None:
+    """``python -m oomlab.evidence margins`` would write what is committed."""
+    from oomlab.evidence.margins import margins_data, render
+
+    assert render(margins_data()) == MARGINS_JSON.read_text()
