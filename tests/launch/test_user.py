@@ -79,3 +79,23 @@ def test_assumed_fields_hold_the_setups_members() -> None:
     for name, kind in (("method", Method), ("optimizer", Optimizer), ("attention", Attention)):
         assert isinstance(f[name].value, kind) and f[name].value is getattr(s, name)
     assert str(f["precision"].origin) == "flag -p precision=fp32"
+
+
+def test_off_the_seed_nothing_is_proved_and_the_load_dtype_follows_the_precision() -> None:
+    """A bf16 LoRA run on L4s (no traceback of the user's): its load dtype is bfloat16, said as an assumption that
+    follows the precision, not the seed's float16; the launch section claims no proof."""
+    from oomlab.launch.paths import path_table
+    from oomlab.launch.prose import launch_section
+
+    launch = user_launch(parse_params(["model=qwen2.5-7b", "gpu=l4", "gpus=2", "strategy=fsdp2", "method=lora",
+                                       "precision=bf16-mixed"]), DEFAULTS)
+    field = launch.fields["load_dtype"]
+    assert field.value == "bfloat16" and "seed" not in str(field.origin) and "bf16-mixed" in str(field.origin)
+    result = reproduce(model="qwen2.5-7b", dtype=replica_dtype(launch), gpu="l4", device="simulated")
+    text = launch_section(launch, result, replica_dtype(launch), path_table(), other_launches(launch))
+    assert "traceback proves" not in text and "the user's" not in text and "seed" not in text
+    assert "would prove" in text or not result.raised
+    seed = user_launch(parse_params([]), DEFAULTS)
+    assert seed.fields["load_dtype"].value == "float16"
+    assert "### The launch the traceback proves" in launch_section(
+        seed, reproduce(device="simulated"), "float16", path_table(), other_launches(seed))

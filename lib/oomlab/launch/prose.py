@@ -71,9 +71,12 @@ def launch_path_reading(launch: UserLaunch, result: ReproduceResult) -> str:
         return (f"`.to()` of the {result.dtype} replica does not fail on one {s.gpu.display_name}: there is no "
                 "`Module._apply` failure to read a launch from.")
     moved = f"{result.moved_fraction:.1%} of the parameters were already on the GPU"
-    whose = "the user's launcher" if is_seed_launch(launch, result.dtype) else "a launcher that fails this way"
-    return traceback_proves(launch, f"This traceback (`Module._apply` → `convert` → `t.to`, {moved})", whose,
-                            tuple(result.frames))
+    if is_seed_launch(launch, result.dtype):  # the user's own traceback, reproduced
+        return traceback_proves(launch, f"This traceback (`Module._apply` → `convert` → `t.to`, {moved})",
+                                "the user's launcher", tuple(result.frames))
+    # no traceback of the user's: what oomlab's own reproduction of the move would prove, were it seen
+    return traceback_proves(launch, f"A `Module._apply` → `convert` → `t.to` failure (as reproduced above, {moved})",
+                            frames=tuple(result.frames), hypothetical=True)
 
 
 def traceback_proves(launch: UserLaunch, traceback: str, whose: str = "a launcher that fails this way",
@@ -104,7 +107,9 @@ def launch_section(launch: UserLaunch, result: ReproduceResult, dtype: str,
                    others: list[tuple[str, str, str, str]]) -> str:
     """The report's account of the launch (Markdown): the case, the launch-path table, what the traceback proves,
     and the verdict under the other plausible launches."""
+    heading = ("### The launch the traceback proves" if is_seed_launch(launch, dtype) and result.raised else
+               "### How the weights reach the GPUs")  # no traceback of the user's: nothing is proved
     return "\n\n".join([
-        "### The launch the traceback proves", case_intro(launch, dtype), markdown_table(*path_table),
+        heading, case_intro(launch, dtype), markdown_table(*path_table),
         launch_path_reading(launch, result),
         markdown_table(("launch", "how the weights load", "fails first at", "per GPU"), others)])

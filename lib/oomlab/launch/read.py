@@ -37,7 +37,6 @@ from oomlab.launch.origin import (
 )
 
 ASSUMED_SEQ = 2048  # the pipeline's seq default
-ASSUMED_DTYPE = "float16"  # the pipeline's dtype default (the seed's)
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 # The largest count a launch may state: far beyond any real run, small enough that every estimate stays quick.

@@ -22,7 +22,6 @@ from oomlab.launch.command import Launcher, parse_command
 from oomlab.launch.files import LaunchFile, read_json, read_yaml
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, assumed, default_origin, file_origin, flag_origin
 from oomlab.launch.read import (
-    ASSUMED_DTYPE,
     ASSUMED_SEQ,
     MAX_BATCH,
     MAX_LORA,
@@ -281,6 +280,9 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
               "lora_rank": fields["lora_rank"].value, "lora_alpha": fields["lora_alpha"].value,
               "lora_targets": fields["lora_targets"].value}
     precision = fields["precision"].value
+    if "load_dtype" not in fields:  # nothing names it: from_pretrained's dtype taken as the precision's half
+        fields["load_dtype"] = Sourced(precision.compute_dtype, assumed(
+            f"no torch_dtype in the launch or the model's config.json: the dtype {precision.value} computes in"))
     settings = None
     if kind == "DEEPSPEED":
         config = dict(ds.data) if ds is not None else _inline_deepspeed(refs)
@@ -403,7 +405,6 @@ def _defaults(claims: Claims, trainer: bool, spec: ModelSpec) -> None:
             ("nodes", 1, "one node"),
             ("seq", min(ASSUMED_SEQ, spec.max_position_embeddings),
              f"the pipeline's seq default {ASSUMED_SEQ}, at most {spec.name}'s max_position_embeddings"),
-            ("load_dtype", ASSUMED_DTYPE, "the pipeline's dtype default (the seed's float16)"),
             ("lora_targets", DEFAULT_LORA_TARGETS, "oomlab's LoRA targets (the attention projections)")):
         claims.say(name, value, assumed(why), Strength.ASSUMED)
     claims.say("attention", Attention.SDPA, default_origin(t, "attn_implementation='sdpa' where torch has it"),

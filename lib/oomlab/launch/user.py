@@ -44,8 +44,12 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
         fields[name] = Sourced(value if name == "model" else getattr(setup, name), origin)
     if one_process:
         fields["strategy"] = Sourced(Strategy.SINGLE, assumed("ddp on one GPU: one process (single)"))
-    fields["load_dtype"] = Sourced(params.get("dtype", "float16"),
-                                   assumed("the pipeline's dtype (what from_pretrained loads)"))
+    dtype = params.get("dtype")
+    if dtype is None or (defaults.get("dtype") == dtype and "dtype" in defaults):
+        fields["load_dtype"] = Sourced(setup.precision.compute_dtype, assumed(
+            f"no dtype given: what from_pretrained loads, taken as the dtype {setup.precision.value} computes in"))
+    else:
+        fields["load_dtype"] = Sourced(dtype, flag_origin(f"-p dtype={dtype}"))
     fields["zero3_init"] = Sourced(True, assumed("a ZeRO-3 launch loads under zero.Init, as the HF Trainer does"))
     ordered = {name: fields[name] for name in SETUP_ORDER if name in fields}
     return UserLaunch(setup=setup, fields=ordered, deepspeed=None, launcher=None, trainer=True, command=None,
