@@ -5,14 +5,15 @@ from pathlib import Path
 import pytest
 
 from oomlab.budget.result import Phase
-from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
+from oomlab.core.choices import Method, Optimizer, Route, Strategy
 from oomlab.core.models import load_model
 from oomlab.core.units import ceil_div
-from oomlab.launch.check import FailsAt, _how, check_launch, check_load, smallest_fix
+from oomlab.launch.check import FailsAt, _how, check_launch
 from oomlab.launch.inputs import check_inputs
 from oomlab.launch.paths import ROWS, LoadPath
 from oomlab.launch.read import LaunchInputs
 from oomlab.remedies.knobs import knob_table
+from oomlab.remedies.ladder import Rung, Step
 from oomlab.reproduction.outside import case_outside
 
 
@@ -88,34 +89,50 @@ def test_knob_rows_carry_the_typed_change(no_command) -> None:
 
 
 def test_how_reads_the_setup_not_the_shown_text(no_command) -> None:
-    """Where to make a change comes from the changed setup and route: a row whose text says something else (or
-    nothing) is still told as the change it makes."""
+    """Where to make a change comes from the changed setup of each ladder step, with what it costs."""
     launch, base = no_command.launch, no_command.launch.setup
-    zero3 = _how(launch, "strategy", "?", base.with_(strategy=Strategy.ZERO3_OFFLOAD), Route.PROCESS_PER_GPU)
+
+    def how(rung: Rung, **changes) -> str:
+        return _how(launch, Step(rung, base.with_(**changes), 1))
+
+    zero3 = how(Rung.OFFLOAD, strategy=Strategy.ZERO3_OFFLOAD)
     assert zero3.startswith("DeepSpeed ZeRO-3: zero_optimization.stage 3 with offload_optimizer")
-    assert "zero.Init" in zero3
-    zero2 = _how(launch, "strategy", "?", base.with_(strategy=Strategy.ZERO2), Route.PROCESS_PER_GPU)
-    assert zero2.startswith("DeepSpeed ZeRO-2: zero_optimization.stage 2") and "offload" not in zero2
-    single = base.with_(strategy=Strategy.SINGLE)
-    assert _how(launch, "strategy", "zero3", single, Route.DEVICE_MAP).startswith(
-        "one process, from_pretrained(device_map='auto')")
-    assert _how(launch, "strategy", "?", base.with_(strategy=Strategy.FSDP2), Route.PROCESS_PER_GPU).startswith(
-        "strategy fsdp2 (")
-    assert _how(launch, "optimizer", "?", base.with_(optimizer=Optimizer.ADAMW_8BIT), Route.PROCESS_PER_GPU) == \
-        "optimizer ?: --optim adamw_bnb_8bit"
-    assert _how(launch, "precision", "?", base.with_(precision=Precision.FP32), Route.PROCESS_PER_GPU) == \
-        "precision ?: no --fp16/--bf16"
-    assert _how(launch, "seq", "?", base.with_(seq=512), Route.PROCESS_PER_GPU) == "seq ?: --max_seq_length 512"
-    assert "over a bitsandbytes 4-bit base" in _how(launch, "method", "?", base.with_(method=Method.QLORA),
-                                                    Route.PROCESS_PER_GPU)
+    assert "zero.Init" in zero3 and "[costs speed:" in zero3
+    zero2 = how(Rung.SHARDING, strategy=Strategy.ZERO2)
+    assert zero2.startswith("DeepSpeed ZeRO-2: zero_optimization.stage 2") and "offload" not in zero2.split("[")[0]
+    assert how(Rung.SHARDING, strategy=Strategy.FSDP2).startswith('strategy fsdp2: --fsdp "full_shard auto_wrap"')
+    assert how(Rung.OPTIMIZER_8BIT, optimizer=Optimizer.ADAMW_8BIT).startswith(
+        "optimizer adamw-8bit: --optim adamw_bnb_8bit")
+    assert how(Rung.SHORTER_SEQ, seq=512).startswith("seq 512: --max_seq_length 512 [changes the data")
+    assert "over a bitsandbytes 4-bit base" in how(Rung.QLORA, method=Method.QLORA)
+    assert "[changes what is trained" in how(Rung.LORA, method=Method.LORA)
 
 
-def test_a_device_map_fix_is_launched_as_one_process(no_command) -> None:
-    """The smallest fix of the assumed 13B full fine-tune on 4 x T4 is device_map with QLoRA: one process (strategy
-    single on the device_map route), and its load is the one device_map's route checks."""
-    fix = smallest_fix(no_command.launch, no_command.host_ram_bytes)
-    assert fix is not None and fix.changes == (("strategy", "device-map"), ("method", "qlora"))
-    assert fix.setup.strategy is Strategy.SINGLE and fix.setup.method is Method.QLORA
-    assert fix.how[0] == "one process, from_pretrained(device_map='auto')"
-    assert fix.launch.startswith("python, from_pretrained(device_map='auto')")
-    assert fix.load.path is LoadPath.DEVICE_MAP and fix.load == check_load(fix.setup, LoadPath.DEVICE_MAP, "float16")
+def test_the_seeds_fix_keeps_full_fine_tuning(no_command) -> None:
+    """The assumed 13B full fine-tune on 4 x T4 (DDP) is fixed without changing what is trained: checkpointing,
+    8-bit AdamW and FSDP with offload on the same launcher -- not device_map with QLoRA -- and it loads."""
+    fix = no_command.smallest_fix
+    assert fix is not None and fix.setup.method is Method.FULL
+    assert dict(fix.changes) == {"checkpointing": "on", "optimizer": "adamw-8bit", "strategy": "fsdp-offload"}
+    assert fix.load.fits and no_command.decision.fixed.fits
+    assert no_command.decision.verdict.word == "does not fit"
+
+
+def test_the_fix_launch_carries_every_change() -> None:
+    """The user's own command, changed where the fix says: a flag already given gets its new value, one missing is
+    added (a micro-batch lowered with accumulation raised, checkpointing, the sharding), nothing else moves."""
+    command = ("torchrun --nproc_per_node 8 train.py --model_name_or_path meta-llama/Llama-2-70b-hf --bf16 "
+               "--per_device_train_batch_size 16 --gradient_accumulation_steps 2 --max_seq_length 2048 --output_dir o")
+    r = check_launch(check_inputs(launch=command, model="llama-2-70b", gpu="a100-40gb", gpus=8))
+    fix = r.smallest_fix
+    assert fix is not None and r.fails_at is FailsAt.LOAD  # a 70B replica per 40 GB GPU
+    launch = fix.launch
+    assert launch.startswith("torchrun --nproc_per_node 8 train.py --model_name_or_path meta-llama/Llama-2-70b-hf")
+    knobs = dict(fix.changes)
+    assert {"batch", "checkpointing"} <= set(knobs), knobs
+    assert f"--per_device_train_batch_size {fix.setup.batch} " in launch
+    assert f"--gradient_accumulation_steps {2 * r.decision.accumulation}" in launch  # the user's 2, times
+    assert fix.setup.batch * r.decision.accumulation == 16 and "--gradient_checkpointing" in launch
+    if "strategy" in knobs:
+        assert "--fsdp" in launch or "--deepspeed" in launch
+    assert launch.count("--per_device_train_batch_size") == 1 and "--max_seq_length 2048" in launch

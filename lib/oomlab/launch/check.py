@@ -26,15 +26,13 @@ from oomlab.launch.origin import OriginKind
 from oomlab.launch.paths import ROWS, LoadPath, load_path_of
 from oomlab.launch.read import LaunchInputs, UserLaunch
 from oomlab.launch.resolve import read_launch
-from oomlab.remedies.knobs import KnobChange, knob_table
-from oomlab.remedies.remedy import Evaluator, caveats, launcher
+from oomlab.remedies.ladder import COST, KIND, Decision, Rung, Step, climb
+from oomlab.remedies.remedy import Evaluator, launcher
 from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.replay import reproduce
 
 # the launches a user with these GPUs most plausibly ran, besides the one read or assumed
 PLAUSIBLE = (Strategy.SINGLE, Strategy.DDP, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP, Strategy.FSDP2)
-# the order in which a change is "smaller": what keeps the user's training most as it is comes first
-KNOB_ORDER = ("checkpointing", "optimizer", "strategy", "precision", "method", "seq")
 
 
 class FailsAt(enum.Enum):
@@ -42,6 +40,7 @@ class FailsAt(enum.Enum):
 
     LOAD = "load"  # before training: while the weights are put on the GPUs
     STEP = "step"  # in the training step (forward, backward or optimizer)
+    HOST_RAM = "host-ram"  # the GPUs hold it, the host RAM does not (offloaded states, one copy per process)
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,9 @@ class LoadCheck:
 
 @dataclass(frozen=True)
 class Fix:
-    """The smallest change that makes the run load and fit."""
+    """The least disruptive change that makes the run load and fit with the margin (:func:`oomlab.remedies.ladder.
+    climb`, the one decision procedure ``plan`` and the pipeline use too), where to make it and the launch that
+    carries it."""
 
     changes: tuple[tuple[str, str], ...]
     setup: TrainingSetup = field(repr=False)
@@ -82,10 +83,11 @@ class CheckResult:
     launch: UserLaunch
     load: LoadCheck
     budget: BudgetResult
-    fails_at: FailsAt | None  # None: it loads and the step fits
+    fails_at: FailsAt | None  # None: it loads, the step fits the GPUs and the host RAM holds it
     phase: Phase | None  # the step's phase it fails in; None when it fails at load (``load.path``) or fits
-    smallest_fix: Fix | None  # None when it fits, or when no change of one or two knobs does
+    smallest_fix: Fix | None  # None when it fits with the margin, or when nothing on the ladder does
     host_ram: HostRam
+    decision: Decision  # the ladder's verdict (fits / tight / does not fit, with the margin) and its steps
 
     @property
     def host_ram_bytes(self) -> int:
@@ -106,7 +108,8 @@ class CheckResult:
                 "load": self.load.to_dict(), "step": self.budget.to_dict(),
                 "setup": {"gpu": s.gpu.name, **self.launch.to_dict()},
                 "smallest_fix": None if self.smallest_fix is None else self.smallest_fix.to_dict(),
-                "host_ram_bytes": self.host_ram_bytes, "host_ram": self.host_ram.text}
+                "host_ram_bytes": self.host_ram_bytes, "host_ram": self.host_ram.text,
+                "verdict": self.decision.verdict.word, "decision": self.decision.to_dict()}
 
 
 def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> LoadCheck:
@@ -145,11 +148,13 @@ def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> Lo
     return LoadCheck(path, None, cap, True, f"{how}: not checked at load (the step decides)")
 
 
-def _phase(load: LoadCheck, budget: BudgetResult) -> tuple[FailsAt | None, Phase | None]:
+def _phase(load: LoadCheck, budget: BudgetResult, host_ram_bytes: int) -> tuple[FailsAt | None, Phase | None]:
     if not load.fits:
         return FailsAt.LOAD, None
     if not budget.fits:
         return FailsAt.STEP, budget.peak_phase
+    if budget.host_ram_bytes > host_ram_bytes:
+        return FailsAt.HOST_RAM, None
     return None, None
 
 
@@ -158,15 +163,30 @@ _OPTIM_FLAGS = {Optimizer.ADAMW: "--optim adamw_torch", Optimizer.ADAMW_FUSED: "
 _PRECISION_FLAGS = {Precision.BF16_MIXED: "--bf16", Precision.FP16_MIXED: "--fp16", Precision.FP32: "no --fp16/--bf16"}
 
 
-def _how(launch: UserLaunch, knob: str, shown: str, fix: TrainingSetup, route: Route) -> str:
-    """Where to make one change of the fitting configuration (``fix`` on ``route``; ``shown``: the knob's new value
-    as the table writes it), from the origin of the field it changes."""
+_FSDP_FLAGS = {Strategy.FSDP: "full_shard auto_wrap", Strategy.FSDP_OFFLOAD: "full_shard auto_wrap offload",
+               Strategy.FSDP2: "full_shard auto_wrap", Strategy.FSDP2_OFFLOAD: "full_shard auto_wrap offload"}
+
+
+def _change(step: Step) -> tuple[str, str]:
+    """One ladder step as ``(knob, new value)``, as the table and the JSON write it."""
+    s = step.setup
+    if step.rung is Rung.MICRO_BATCH:
+        return "batch", f"{s.batch} (gradient accumulation x{step.accumulation}: the same global batch)"
+    knob = {Rung.FUSED_OPTIMIZER: "optimizer", Rung.OPTIMIZER_8BIT: "optimizer", Rung.CHECKPOINTING: "checkpointing",
+            Rung.SHARDING: "strategy", Rung.OFFLOAD: "strategy", Rung.LORA: "method", Rung.QLORA: "method",
+            Rung.SHORTER_SEQ: "seq"}[step.rung]
+    return knob, "on" if knob == "checkpointing" else str(plain(getattr(s, knob)))
+
+
+def _how(launch: UserLaunch, step: Step) -> str:
+    """Where to make one change, from the origin of the field it changes, and what it costs."""
+    knob, shown = _change(step)
+    fix = step.setup
     sourced = launch.fields.get(knob)
     where = "" if sourced is None or sourced.origin.kind is OriginKind.ASSUMED else f" (now: {sourced.origin})"
+    cost = f" [{KIND[step.rung].value}: {COST[step.rung]}]"
     if knob == "strategy":
         strategy = fix.strategy
-        if route is Route.DEVICE_MAP:
-            return "one process, from_pretrained(device_map='auto')" + where
         if strategy.zero_stage is not None:
             stage = strategy.zero_stage
             offload = " with offload_optimizer (and, for stage 3, offload_param) device cpu" \
@@ -174,52 +194,83 @@ def _how(launch: UserLaunch, knob: str, shown: str, fix: TrainingSetup, route: R
             text = f"DeepSpeed ZeRO-{stage}: zero_optimization.stage {stage}{offload}"
             if stage == 3:
                 text += "; from_pretrained after TrainingArguments(deepspeed=...) so it loads under zero.Init"
-            return text + where
-        return f"strategy {strategy.value} (oomlab plan --write-configs writes its accelerate config)" + where
+            return text + where + cost
+        return (f"strategy {strategy.value}: --fsdp \"{_FSDP_FLAGS[strategy]}\" (or accelerate's FSDP config: "
+                f"oomlab plan --write-configs writes it)" + where + cost)
     flags = {"checkpointing": "--gradient_checkpointing", "seq": f"--max_seq_length {fix.seq}",
              "optimizer": _OPTIM_FLAGS[fix.optimizer],
-             "precision": _PRECISION_FLAGS.get(fix.precision, fix.precision.value),
+             "batch": f"--per_device_train_batch_size {fix.batch} --gradient_accumulation_steps {step.accumulation}",
              "method": "a peft LoraConfig (adapter_config.json)" + (" over a bitsandbytes 4-bit base" if fix.method
                                                                     is Method.QLORA else "")}
-    return f"{knob} {shown}: {flags.get(knob, shown)}{where}"
+    return f"{knob} {shown}: {flags.get(knob, shown)}{where}{cost}"
 
 
-def _fix_launch(launch: UserLaunch, row: KnobChange, fix: TrainingSetup, route: Route) -> str:
-    """The user's command with the flags of the change added (the file changes are in ``how``); without a command,
-    the launch the changed strategy stands for (the user's strategy where the change is device_map's route)."""
+def _with_flag(text: str, flag: str, value: str | None) -> str:
+    """``text`` with ``flag`` set to ``value`` (None: a switch): its value replaced where it is given, else added."""
+    words = text.split(" ")
+    for i, word in enumerate(words):
+        if word == flag or word.startswith(flag + "="):
+            if value is None:
+                return text
+            if word == flag and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                words[i + 1] = value
+            else:
+                words[i] = f"{flag}={value}"
+            return " ".join(words)
+    return f"{text} {flag}" + ("" if value is None else f" {value}")
+
+
+def _fix_launch(launch: UserLaunch, decision: Decision) -> str:
+    """The user's command changed where the fix says (every Trainer flag of the change set or replaced; the strategy
+    as ``--deepspeed`` / ``--fsdp``); without a command, the launch the fixed strategy stands for."""
+    fix = decision.setup
     if launch.command is None:
-        return launcher(route, launch.setup.strategy if route is Route.DEVICE_MAP else fix.strategy)
+        return launcher(Route.PROCESS_PER_GPU, fix.strategy)
     text = launch.command.text
-    extra = {"checkpointing": "--gradient_checkpointing", "seq": "--max_seq_length"}
-    for knob, _ in row.changes:
-        flag = extra.get(knob)
-        if flag and flag not in text:
-            text += f" {flag}" + ("" if knob == "checkpointing" else f" {fix.seq}")
+    for step in decision.steps:
+        knob, _ = _change(step)
+        s = step.setup
+        if knob == "checkpointing":
+            text = _with_flag(text, "--gradient_checkpointing", None)
+        elif knob == "seq":
+            flag = next((f for f, _ in launch.command.flags if f.lstrip("-") in ("max_seq_length", "max_length",
+                                                                                   "model_max_length", "block_size",
+                                                                                   "cutoff_len")), "--max_seq_length")
+            text = _with_flag(text, flag, str(s.seq))
+        elif knob == "batch":  # the user's accumulation (1 when not given) times the ladder's
+            given = launch.command.flag("--gradient_accumulation_steps")
+            before = int(given[1]) if given and given[1] and given[1].isdigit() else 1
+            text = _with_flag(text, "--per_device_train_batch_size", str(s.batch))
+            text = _with_flag(text, "--gradient_accumulation_steps", str(before * decision.accumulation))
+        elif knob == "optimizer":
+            text = _with_flag(text, "--optim", _OPTIM_FLAGS[s.optimizer].split()[-1])
+        elif knob == "strategy" and s.strategy.deepspeed:
+            text = _with_flag(text, "--deepspeed", f"ds_zero{s.strategy.zero_stage}"
+                              + ("_offload" if s.strategy.offloads else "") + ".json")
+        elif knob == "strategy" and s.strategy in _FSDP_FLAGS:
+            text = _with_flag(text, "--fsdp", f'"{_FSDP_FLAGS[s.strategy]}"')
     return text
 
 
-def smallest_fix(launch: UserLaunch, host_ram_bytes: int) -> Fix | None:
-    """The fitting knob change (one, else two) whose launch also loads, the least intrusive first."""
-    base = launch.setup
-    evaluator = Evaluator(host_ram_bytes, None)
-    candidates = []
-    for row in knob_table(base, host_ram_bytes, evaluator=evaluator):
-        setup, route = row.setup, row.route
-        if not row.fits or setup is None or route is None:
-            continue
-        if any(c.harmful for c in caveats(setup)):
-            continue
-        path = load_path_of(setup, trainer=launch.trainer, zero3_init=True, route=route)
-        load = check_load(setup, path, launch.load_dtype)
-        if not load.fits:
-            continue
-        rank = (len(row.changes), max(KNOB_ORDER.index(k) for k, _ in row.changes), row.per_gpu_peak_bytes or 0)
-        candidates.append((rank, row, setup, route, load))
-    if not candidates:
+def smallest_fix(launch: UserLaunch, decision: Decision) -> Fix | None:
+    """The ladder's fix as ``check`` shows it: each change, where to make it, and the launch that carries it."""
+    fix = decision.setup
+    if not decision.steps or fix is None:
         return None
-    _, row, setup, route, load = min(candidates, key=lambda c: c[0])
-    how = tuple(_how(launch, k, shown, setup, route) for k, shown in row.changes)
-    return Fix(row.changes, setup, row.per_gpu_peak_bytes or 0, load, how, _fix_launch(launch, row, setup, route))
+    path = load_path_of(fix, trainer=launch.trainer, zero3_init=True)
+    load = check_load(fix, path, launch.load_dtype)
+    return Fix(tuple(_change(s) for s in decision.steps), fix, decision.fixed.evaluation.per_gpu_peak_bytes, load,
+               tuple(_how(launch, s) for s in decision.steps), _fix_launch(launch, decision))
+
+
+def decide(launch: UserLaunch, host_ram_bytes: int) -> Decision:
+    """The one decision procedure on the user's launch: the ladder, each rung's launch also walked through its load
+    path (a rung that cannot get the weights onto the GPUs does not fit)."""
+    def loads(setup: TrainingSetup) -> bool:
+        path = load_path_of(setup, trainer=launch.trainer, zero3_init=launch.zero3_init or setup != launch.setup)
+        return check_load(setup, path, launch.load_dtype).fits
+
+    return climb(launch.setup, Evaluator(host_ram_bytes, None), loads)
 
 
 def check_launch(inputs: LaunchInputs, host_ram: str | int | None = None,
@@ -233,9 +284,9 @@ def check_launch(inputs: LaunchInputs, host_ram: str | int | None = None,
     load = check_load(setup, path, launch.load_dtype)
     settings: DeepSpeedSettings | None = launch.deepspeed if setup.strategy.deepspeed else None
     budget = estimate_setup(setup, deepspeed=settings)
-    fails_at, phase = _phase(load, budget)
-    fix = smallest_fix(launch, host.host_ram_bytes) if fails_at is not None else None
-    return CheckResult(launch, load, budget, fails_at, phase, fix, host)
+    fails_at, phase = _phase(load, budget, host.host_ram_bytes)
+    decision = decide(launch, host.host_ram_bytes)
+    return CheckResult(launch, load, budget, fails_at, phase, smallest_fix(launch, decision), host, decision)
 
 
 def other_launches(launch: UserLaunch) -> list[tuple[str, str, str, str]]:

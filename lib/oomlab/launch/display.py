@@ -28,7 +28,17 @@ def verdict(result: CheckResult, text: Callable[[str], str] = str) -> str:
     if result.fails_at is FailsAt.STEP:
         return (f"{where} loads, then fails in the training step's {plain(result.phase)} phase: "
                 f"{format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap}.")
-    return f"{where} fits: {format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap} at the step's peak."
+    if result.fails_at is FailsAt.HOST_RAM:
+        return (f"{where} fits the GPUs ({format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap}) but not "
+                f"the host: it needs {format_size(result.budget.host_ram_bytes)} of host RAM, "
+                f"{format_size(result.host_ram_bytes)} there.")
+    v = result.decision.verdict
+    margin = v.margin.bytes_for(v.evaluation.per_gpu_peak_bytes)
+    if v.tight:
+        return (f"{where} is tight: {format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap} at the step's "
+                f"peak, inside the {format_size(margin)} margin this setup class needs ({v.margin.words}).")
+    return (f"{where} fits: {format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap} at the step's peak, "
+            f"with the {format_size(margin)} margin ({v.margin.words}).")
 
 
 def traceback_sentence(result: CheckResult) -> str:
@@ -67,13 +77,13 @@ def render_check(result: CheckResult) -> str:
     lines += ["", f"load: {result.load.detail}", "", "per GPU:"]
     lines += [f"  {label:<36} {value:>12}" for label, value in per_gpu_rows(result)]
     fix = result.smallest_fix
-    if result.fails_at is not None:
+    if not result.decision.verdict.fits:
         lines.append("")
         if fix is None:
-            lines.append("no change of one or two knobs fits (see python -m oomlab plan)")
+            lines.append("nothing on the ladder fits with the margin (see python -m oomlab plan)")
         else:
-            lines.append("smallest fix: " + ", ".join(f"{k} -> {v}" for k, v in fix.changes)
-                         + f" ({format_size(fix.per_gpu_peak_bytes)} per GPU)")
+            lines.append("least disruptive fix: " + ", ".join(f"{k} -> {v}" for k, v in fix.changes)
+                         + f" ({format_size(fix.per_gpu_peak_bytes)} per GPU, {result.decision.fixed.word})")
             lines += [f"  {h}" for h in fix.how] + [f"  launch: {fix.launch}"]
     if result.launch.unmodelled:
         lines += ["", f"not modelled ({len(result.launch.unmodelled)}):"]
@@ -90,10 +100,10 @@ def render_markdown(result: CheckResult) -> str:
                           right=(1,))]
     fix = result.smallest_fix
     out.append("")
-    if result.fails_at is None:
+    if result.decision.verdict.fits:
         out.append("**Fix.** None needed.")
     elif fix is None:
-        out.append("**Fix.** No change of one or two knobs fits; `python -m oomlab plan` ranks every remedy.")
+        out.append("**Fix.** Nothing on the ladder fits with the margin; `python -m oomlab plan` ranks every remedy.")
     else:
         out.append("**Fix.** " + "; ".join(md_text(h) for h in fix.how)
                    + f" — {format_size(fix.per_gpu_peak_bytes)} per GPU at the step's peak, and it loads.")

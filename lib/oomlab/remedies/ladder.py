@@ -92,6 +92,7 @@ class Verdict:
     evaluation: Evaluation
     margin: Margin
     capacity_bytes: int
+    loads: bool = True  # the launch gets the weights onto the GPUs (False: it fails before the first step)
 
     @property
     def needed_bytes(self) -> int:
@@ -100,19 +101,19 @@ class Verdict:
 
     @property
     def fits(self) -> bool:
-        return self.evaluation.fits and self.needed_bytes <= self.capacity_bytes
+        return self.loads and self.evaluation.fits and self.needed_bytes <= self.capacity_bytes
 
     @property
     def tight(self) -> bool:
         """Fits by the estimate, but inside the margin: "tight", never "fits"."""
-        return self.evaluation.fits and not self.fits
+        return self.loads and self.evaluation.fits and not self.fits
 
     @property
     def word(self) -> str:
         return "fits" if self.fits else "tight" if self.tight else "does not fit"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.word, "per_gpu_peak_bytes": self.evaluation.per_gpu_peak_bytes,
+        return {"verdict": self.word, "loads": self.loads, "per_gpu_peak_bytes": self.evaluation.per_gpu_peak_bytes,
                 "margin_bytes": self.margin.bytes_for(self.evaluation.per_gpu_peak_bytes),
                 "margin": self.margin.to_dict(), "capacity_bytes": self.capacity_bytes,
                 "host_ram_bytes": self.evaluation.host_ram_bytes, "host_fits": self.evaluation.host_fits,
@@ -125,11 +126,13 @@ class Verdict:
                 f"{format_size(band)} ({self.margin.words})")
         if not ev.host_fits:
             text += f"; host RAM: needs {format_size(ev.host_ram_bytes)}"
+        if not self.loads:
+            text += "; and it fails while loading, before the first step"
         return text
 
 
 @dataclass(frozen=True)
-class Fix:
+class Decision:
     """The user's run, its verdict, and the least disruptive changes that fit (none: it fits as configured, or
     nothing on the ladder fits)."""
 
@@ -209,18 +212,21 @@ def _halvings(n: int) -> Iterator[int]:
         yield n
 
 
-def climb(configured: TrainingSetup, evaluator: Evaluator) -> Fix:
-    """The least disruptive fix of ``configured`` (see the module)."""
+def climb(configured: TrainingSetup, evaluator: Evaluator,
+          loads: Callable[[TrainingSetup], bool] | None = None) -> Decision:
+    """The least disruptive fix of ``configured`` (see the module); ``loads`` says whether a setup's launch gets the
+    weights onto the GPUs at all (``oomlab check`` walks the load path; None: the step decides)."""
     cache: dict[TrainingSetup, Verdict] = {}
 
     def verdict(s: TrainingSetup) -> Verdict:
         if s not in cache:
-            cache[s] = Verdict(evaluator(s), margin_for(s), s.gpu.total_memory_bytes)
+            cache[s] = Verdict(evaluator(s), margin_for(s), s.gpu.total_memory_bytes,
+                               True if loads is None else loads(s))
         return cache[s]
 
     first = verdict(configured)
     if first.fits:
-        return Fix(configured, first, (), first, ())
+        return Decision(configured, first, (), first, ())
     applied: list[Step] = []
     current = Step(Rung.FUSED_OPTIMIZER, configured, 1)  # a seat for the configured setup; never kept
     tried = []
@@ -237,8 +243,8 @@ def climb(configured: TrainingSetup, evaluator: Evaluator) -> Fix:
             tight = _minimal_tight(configured, applied, verdict)
         if v.fits:
             kept = _minimal(configured, applied, verdict)
-            return Fix(configured, first, kept, verdict(kept[-1].setup), tuple(tried), tight)
-    return Fix(configured, first, (), None, tuple(tried), tight)
+            return Decision(configured, first, kept, verdict(kept[-1].setup), tuple(tried), tight)
+    return Decision(configured, first, (), None, tuple(tried), tight)
 
 
 def _minimal_tight(configured: TrainingSetup, applied: list[Step], verdict: Callable[[TrainingSetup], Verdict]
@@ -246,7 +252,7 @@ def _minimal_tight(configured: TrainingSetup, applied: list[Step], verdict: Call
     """:func:`_minimal` for a fit by the estimate alone (inside the margin)."""
     def tight_or_fits(s: TrainingSetup) -> Verdict:
         v = verdict(s)
-        return Verdict(v.evaluation, v.margin.without(), v.capacity_bytes)
+        return Verdict(v.evaluation, v.margin.without(), v.capacity_bytes, v.loads)
     return _minimal(configured, applied, tight_or_fits)
 
 
