@@ -136,3 +136,17 @@ def test_the_fix_launch_carries_every_change() -> None:
     if "strategy" in knobs:
         assert "--fsdp" in launch or "--deepspeed" in launch
     assert launch.count("--per_device_train_batch_size") == 1 and "--max_seq_length 2048" in launch
+
+
+def test_the_verdict_counts_host_ram() -> None:
+    """A ZeRO-3 offload run whose GPUs hold it but whose host RAM does not fails at host-ram, not "fits"."""
+    from oomlab.launch.user import user_launch
+    from oomlab.pipeline.params import PARAMETERS, parse_params
+
+    launch = user_launch(parse_params(["model=llama-2-70b", "gpu=a100-80gb", "gpus=8", "strategy=zero3-offload",
+                                       "precision=bf16-mixed", "checkpointing=true"]),
+                         {name: p.default for name, p in PARAMETERS.items()})
+    r = check_launch(LaunchInputs(gpu="a100-80gb"), host_ram="256GB", launch=launch)
+    assert r.budget.fits and r.budget.host_ram_bytes > r.host_ram_bytes
+    assert r.fails_at is FailsAt.HOST_RAM and r.to_dict()["fails_at"] == "host-ram"
+    assert r.decision.verdict.word == "does not fit"
