@@ -15,7 +15,6 @@ from oomlab.core.choices import Device, MessageFormat, choice, message_format
 from oomlab.core.dtypes import DType, load_dtype
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import GPUSpec, load_gpu
-from oomlab.core.modeling import tensor_nbytes, unique_tensors
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.outside import TorchEra
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, is_seed_case
@@ -84,7 +83,7 @@ def reproduce_simulated(spec: ModelSpec, dt: DType, gpu_spec: GPUSpec, outside: 
                         fmt: MessageFormat) -> ReproduceResult:
     """The walk against the caching-allocator model, with fake CUDA tensors (no GPU needed)."""
     allocator = CachingAllocator(gpu_spec.total_memory_bytes, outside, message_format=fmt)
-    mode, meta_model, error = walk_apply(spec, dt, allocator)
+    mode, _, error = walk_apply(spec, dt, allocator)
     whole = unlimited_walk(spec.name, dt.name)
     failing = FailingTensor(*mode.failure) if mode.failure else None
     tried = None
@@ -112,7 +111,9 @@ def reproduce_simulated(spec: ModelSpec, dt: DType, gpu_spec: GPUSpec, outside: 
         failing_tensor=failing,
         moved_bytes=moved.moved_bytes if moved else 0,
         moved_parameters=moved.moved_parameters if moved else 0,
-        model_bytes=sum(tensor_nbytes(t) for t in unique_tensors(meta_model)),
+        # each tensor once, as the unlimited walk moved it (the meta model's own tensors, read after the walk, hold a
+        # tied weight twice: a fake tensor is not shallow-copied into the tied parameter, so each name gets its own)
+        model_bytes=sum(step.nbytes for step in whole),
         model_parameters=spec.num_parameters,
         model_reserved_bytes=model_reserved,
         fits=model_reserved <= gpu_spec.total_memory_bytes - outside,

@@ -9,7 +9,7 @@ from typing import Any
 
 from oomlab.core.seed import seed_figures
 from oomlab.core.units import format_size
-from oomlab.reproduction.walk import TensorKind, WalkStep
+from oomlab.reproduction.steps import TensorKind, WalkStep
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ report ``cuda:0`` on a machine without CUDA.  When the allocator model refuses, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -18,7 +17,6 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
-from oomlab.core.choices import Choice
 from oomlab.core.dtypes import DType, load_dtype
 from oomlab.core.gpus import load_gpu
 from oomlab.core.modeling import build_meta_model
@@ -26,33 +24,9 @@ from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, seed_figures
 from oomlab.core.units import format_size
 from oomlab.reproduction.allocator import CachingAllocator, SimulatedOutOfMemory, get_allocation_size, round_size
+from oomlab.reproduction.steps import TensorKind, WalkStep
 
 UNLIMITED_BYTES = 1 << 62  # capacity of the "how much would it take" walk
-
-
-class TensorKind(Choice):
-    """What a tensor moved by ``Module._apply`` is to its module."""
-
-    PARAMETER = "parameter"  # from named_parameters: trained (or frozen) weights
-    BUFFER = "buffer"  # from named_buffers: e.g. rotary inv_freq, causal masks
-    TENSOR = "tensor"  # neither: moved by ``.to()`` but registered under no name
-
-
-@dataclass(frozen=True)
-class WalkStep:
-    """One tensor copied to the device during ``Module._apply``, and the allocator after it."""
-
-    index: int  # position in the walk (0-based)
-    name: str  # qualified name, e.g. "model.layers.23.mlp.gate_proj.weight"
-    kind: TensorKind
-    shape: tuple[int, ...]
-    dtype: str  # e.g. "float16"
-    nbytes: int  # the tensor's bytes
-    tried_bytes: int  # the segment the allocator would ask cudaMalloc for, if it needed a new one
-    allocated_bytes: int  # allocator's allocated bytes after this copy
-    reserved_bytes: int  # allocator's reserved bytes after this copy
-    moved_bytes: int  # tensor bytes moved so far, this one included
-    moved_parameters: int  # parameter elements moved so far, this one included
 
 
 def tensor_names(model: torch.nn.Module) -> dict[int, tuple[str, TensorKind]]:
