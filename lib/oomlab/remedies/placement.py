@@ -1,6 +1,12 @@
-"""accelerate's ``device_map="auto"`` route: whole decoder layers on successive GPUs of one process, placed by
-accelerate's own ``get_balanced_memory`` + ``infer_auto_device_map`` on the meta model, and the training step's
-peak on each GPU shared out from the single-GPU budget."""
+"""accelerate's ``device_map="auto"`` route: whole decoder layers on successive GPUs of one process, placed as
+accelerate's own ``get_balanced_memory`` + ``infer_auto_device_map`` place them on the meta model, and the training
+step's peak on each GPU shared out from the single-GPU budget.
+
+The placement runs accelerate's arithmetic over the model's module tree (:mod:`oomlab.remedies.auto_device_map` over
+:mod:`oomlab.core.module_tree`: committed data for a shipped model), so it imports no torch;
+:func:`accelerate_device_map` runs accelerate itself on the meta model (torch, transformers), the evidence that the two
+agree (``tests/remedies/test_placement_accelerate.py``).
+"""
 
 from __future__ import annotations
 
@@ -19,10 +25,14 @@ from oomlab.core.dtypes import load_dtype
 from oomlab.core.memo import BoundedMemo
 from oomlab.core.modeling import build_meta_model
 from oomlab.core.models import ModelSpec
+from oomlab.core.module_tree import module_tree
 from oomlab.core.quiet import quiet_libraries
 from oomlab.core.setup import TrainingSetup
+from oomlab.remedies.auto_device_map import compute_module_sizes, get_balanced_memory, infer_auto_device_map
 
 NO_SPLIT = ("LlamaDecoderLayer", "MistralDecoderLayer")  # accelerate keeps a decoder layer on one device
+CPU_BYTES = 1 << 62  # what accelerate is given for the CPU: whatever does not fit the GPUs goes there
+SIZES_DTYPE = "float16"  # the dtype accelerate sizes the modules in
 
 
 @dataclass(frozen=True)
@@ -59,13 +69,27 @@ class DeviceMapPlacement:
                 "gpus": [g.to_dict() for g in self.gpus], "spilled": list(self.spilled)}
 
 
-@lru_cache(maxsize=16)
-def _meta_module_sizes(spec: ModelSpec) -> tuple[Any, dict[str, int]]:
-    """The fp16 meta model (transformers, no weights) and accelerate's module sizes for it."""
-    from accelerate.utils import compute_module_sizes
+@lru_cache(maxsize=64)
+def module_sizes(spec: ModelSpec) -> dict[str, int]:
+    """accelerate's module sizes of ``spec`` in fp16 (``compute_module_sizes``), from its module tree; shared -- do
+    not modify."""
+    return compute_module_sizes(module_tree(spec), SIZES_DTYPE)
 
-    model = build_meta_model(spec, load_dtype("float16"))
-    return model, dict(compute_module_sizes(model, dtype="float16"))
+
+def auto_device_map(spec: ModelSpec, max_memory: Mapping[int, int]) -> dict[str, int | str]:
+    """What ``device_map="auto"`` with ``max_memory`` (per GPU) places: accelerate's ``get_balanced_memory`` (each GPU
+    capped at what it was given), then ``infer_auto_device_map`` with the rest on the CPU; over the module tree."""
+    tree = module_tree(spec)
+    balanced = get_balanced_memory(tree, dict(max_memory), list(NO_SPLIT), SIZES_DTYPE)
+    balanced = {k: min(int(v), max_memory[k]) for k, v in balanced.items() if k in max_memory}
+    return infer_auto_device_map(tree, {**balanced, "cpu": CPU_BYTES}, list(NO_SPLIT), SIZES_DTYPE)
+
+
+@lru_cache(maxsize=16)
+def _meta_model(spec: ModelSpec) -> Any:
+    """The fp16 meta model (transformers, no weights) accelerate places."""
+    return build_meta_model(spec, load_dtype(SIZES_DTYPE))
+
 
 _SIZE_MEMO: BoundedMemo[tuple, Any] = BoundedMemo(64)  # each entry keeps its meta model alive: few
 
@@ -100,6 +124,25 @@ def _memoised_sizes() -> Iterator[None]:
     with mock.patch.object(acc, "compute_module_sizes", memo_sizes), \
             mock.patch.object(acc, "find_tied_parameters", memo_tied):
         yield
+
+
+def accelerate_device_map(spec: ModelSpec, max_memory: Mapping[int, int]) -> dict[str, int | str]:
+    """:func:`auto_device_map` as accelerate itself computes it on the fp16 meta model (torch, transformers): the
+    evidence the torch-free placement is checked against."""
+    from accelerate.utils import get_balanced_memory as acc_balanced
+    from accelerate.utils import infer_auto_device_map as acc_infer
+
+    model = _meta_model(spec)
+    # quiet: accelerate says "Device 0 is not available": there is no GPU here, by design
+    # and, when layers spill, that their buffers may not fit a GPU: the spill itself is what the remedy reports
+    with quiet_libraries(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Current model requires .* bytes of buffer for offloaded layers")
+        with _memoised_sizes():
+            balanced = acc_balanced(model, max_memory=dict(max_memory), no_split_module_classes=list(NO_SPLIT),
+                                    dtype=SIZES_DTYPE)
+            balanced = {k: min(int(v), max_memory[k]) for k, v in balanced.items() if k in max_memory}
+            return dict(acc_infer(model, max_memory={**balanced, "cpu": CPU_BYTES},
+                                  no_split_module_classes=list(NO_SPLIT), dtype=SIZES_DTYPE))
 
 
 def layer_index(name: str) -> int | None:
@@ -172,7 +215,8 @@ def gpu_peak(result: BudgetResult, weight_bytes: int, layers: int, holds_lm_head
 
 
 def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -> DeviceMapPlacement:
-    """Place ``setup``'s model over its GPUs with accelerate's own ``get_balanced_memory`` + ``infer_auto_device_map``.
+    """Place ``setup``'s model over its GPUs as accelerate's own ``get_balanced_memory`` + ``infer_auto_device_map``
+    do (:func:`auto_device_map`).
 
     accelerate sizes modules by their weights; a training step needs more per weight byte (gradients, optimizer
     state, activations).  Each GPU's memory is therefore given to accelerate in weight bytes: (capacity − outside
@@ -182,27 +226,16 @@ def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -
     and the outside-PyTorch memory on each.  NB: the peaks of different GPUs are taken at the single budget's
     peak phase.
     """
-    from accelerate.utils import get_balanced_memory, infer_auto_device_map
-
     single = setup.with_(strategy=Strategy.SINGLE, gpus=1, nodes=1)
     result = estimate_setup(single) if result is None else result
-    model, sizes = _meta_module_sizes(setup.model)
+    sizes = module_sizes(setup.model)
     comps = result.components
     outside = comps.get(MemCategory.OUTSIDE_PYTORCH, 0)
     logits = max(phase.get(MemCategory.LOGITS_LOSS, 0) for phase in result.phases.values())  # the head's GPU
     per_weight = (result.per_gpu_peak_bytes - outside - logits) / max(1, sizes[""])
     usable = setup.gpu.total_memory_bytes - outside - logits
     scaled = {i: max(0, int(usable / per_weight)) for i in range(setup.gpus)}
-    # quiet: accelerate says "Device 0 is not available": there is no GPU here, by design
-    # and, when layers spill, that their buffers may not fit a GPU: the spill itself is what the remedy reports
-    with quiet_libraries(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Current model requires .* bytes of buffer for offloaded layers")
-        with _memoised_sizes():
-            balanced = get_balanced_memory(model, max_memory=dict(scaled), no_split_module_classes=list(NO_SPLIT),
-                                           dtype="float16")
-            balanced = {k: min(int(v), scaled[k]) for k, v in balanced.items() if k in scaled}
-            device_map = infer_auto_device_map(model, max_memory={**balanced, "cpu": 1 << 62},
-                                               no_split_module_classes=list(NO_SPLIT), dtype="float16")
+    device_map = auto_device_map(setup.model, scaled)
     weights_total = sizes[""]
     per_device: dict[Any, list[str]] = {}
     for name, device in device_map.items():
@@ -222,7 +255,7 @@ def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -
 def replace_peak(placement: DeviceMapPlacement, result: BudgetResult) -> int:
     """The peak of the most loaded GPU for a new single-GPU budget, with the placement kept (a GPU given no module
     holds only the memory outside PyTorch, as in :func:`place_device_map`; when every module spilled, that is all)."""
-    _, sizes = _meta_module_sizes(placement.setup.model)
+    total = module_sizes(placement.setup.model)[""]
     outside = result.components.get(MemCategory.OUTSIDE_PYTORCH, 0)
-    return max(gpu_peak(result, g.weight_bytes, len(g.layers), g.holds_lm_head, placement.setup, sizes[""])
+    return max(gpu_peak(result, g.weight_bytes, len(g.layers), g.holds_lm_head, placement.setup, total)
                if g.modules else outside for g in placement.gpus)
