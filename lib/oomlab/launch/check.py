@@ -28,8 +28,8 @@ from oomlab.launch.read import LaunchInputs, UserLaunch
 from oomlab.launch.resolve import read_launch
 from oomlab.remedies.ladder import COST, KIND, Decision, Rung, Step, climb
 from oomlab.remedies.remedy import Evaluator, launcher
+from oomlab.reproduction.apply_walk import move_replica
 from oomlab.reproduction.outside import case_outside
-from oomlab.reproduction.replay import reproduce
 
 # the launches a user with these GPUs most plausibly ran, besides the one read or assumed
 PLAUSIBLE = (Strategy.SINGLE, Strategy.DDP, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP, Strategy.FSDP2)
@@ -113,12 +113,14 @@ class CheckResult:
 
 
 def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> LoadCheck:
-    """Does loading fit each GPU on ``path``? The ``.to()`` paths run oomlab's ``Module._apply`` walk."""
+    """Does loading fit each GPU on ``path``? The ``.to()`` paths walk ``Module._apply`` over the model's module tree
+    against the allocator model (:func:`oomlab.reproduction.apply_walk.move_replica`: the simulated reproduction's
+    figures, without torch)."""
     cap = setup.gpu.total_memory_bytes
     how = ROWS[path].how
     if path in (LoadPath.TRAINER_TO, LoadPath.ACCELERATE_TO, LoadPath.DEEPSPEED_TO):
         dtype = setup.precision.compute_dtype if path is LoadPath.DEEPSPEED_TO else load_dtype_name
-        r = reproduce(model=setup.model.name, dtype=dtype, gpu=setup.gpu.name, device="simulated")
+        r = move_replica(setup.model.name, dtype, setup.gpu.name)
         need = r.model_reserved_bytes + r.outside_pytorch_bytes
         if r.raised:
             tensor = r.failing_tensor.name if r.failing_tensor else "a tensor"
