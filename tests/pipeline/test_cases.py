@@ -62,7 +62,7 @@ def _run(name: str, tmp_path) -> tuple[dict, object, str]:
     # 02: the budget
     gpu_spec = setup.gpu
     outside = case_outside(setup.model.name, gpu_spec, setup.world_size).total_bytes
-    variants = br.budget_variants(br.seed_variants(**setup_kwargs(setup)))
+    variants = br.budget_variants(br.configured_variants(**setup_kwargs(setup)))
     committed = agreement.load_committed()
     bud = budget_results(setup_case(setup), gpu_spec, setup.world_size, outside, variants,
                          committed, agreement.worst_row(committed), {}, [])
@@ -71,7 +71,7 @@ def _run(name: str, tmp_path) -> tuple[dict, object, str]:
     config_dir = tmp_path / "configs"
     written = launch_dir.write_configs(config_dir, plan)
     rec = plan.recommended
-    model_id = launch_dir.hub_id(plan.seed.setup.model.source) or "PATH/TO/MODEL"
+    model_id = launch_dir.hub_id(plan.configured.setup.model.source) or "PATH/TO/MODEL"
     command = launch_dir.launch_command(rec, model_id, plan.seq, plan.lora_rank, plan.gpus) if rec else None
     verified = {"single_process": checks.verification(checks.FAST, run=False),
                 "fsdp_gloo": checks.verification(("fsdp",), run=False)}
@@ -101,7 +101,7 @@ def test_report_names_its_own_case(case) -> None:
     name, r, plan, text = case
     model, gpu, gpus, method, _ = CASES[name]
     assert model in text and load_gpu(gpu).display_name in text and f"{gpus} × " in text
-    assert plan.seed.method.value == method and f"{method} fine-tuning" in text
+    assert plan.configured.method.value == method and f"{method} fine-tuning" in text
     assert f"Training as configured ({r['budget']['configured']['strategy']}, {method} fine-tuning" in text
     if name != "seed":
         leaked = [s for s in SEED_TEXT if s in text]
@@ -157,12 +157,13 @@ def test_no_multi_gpu_rows_on_one_gpu(case) -> None:
 
 
 def test_as_configured_is_the_users_setup(case) -> None:
-    """The budget's first variant, the plan's seed row and the knob table's baseline are the setup the parameters
+    """The budget's first variant, the plan's configured row and the knob table's baseline are the setup the parameters
     give (its method and strategy), and the report's "as configured" bar names it."""
     name, r, plan, _ = case
     _, gpu, gpus, method, precision = CASES[name]
     strategy = "single" if gpus == 1 else "ddp"
-    assert (plan.seed.setup.method.value, plan.seed.setup.strategy.value, plan.seed.setup.precision.value) == (
+    configured = plan.configured.setup
+    assert (configured.method.value, configured.strategy.value, configured.precision.value) == (
         method, strategy, precision)
     assert (r["budget"]["configured"]["method"], r["budget"]["configured"]["strategy"]) == (method, strategy)
     assert r["budget"]["variants"][0]["label"].startswith("as configured")

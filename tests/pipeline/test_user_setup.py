@@ -14,7 +14,7 @@ from oomlab.core.paths import NOTEBOOKS_DIR
 from oomlab.evidence import agreement
 from oomlab.launch.user import PARAM_FIELDS, setup_kwargs
 from oomlab.pipeline.params import PARAMETERS, SETUP_PATH_PARAM, notebook_launch
-from oomlab.remedies.plan import make_plan, seed_setup
+from oomlab.remedies.plan import configured_setup, make_plan
 from oomlab.report import story
 from oomlab.report.results import budget_results, setup_case
 
@@ -69,12 +69,12 @@ def test_the_same_call_in_every_setup_notebook() -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_notebooks_02_03_start_from_notebook_01s_setup(name) -> None:
     """The setup 02 and 03 build equals 01's, field for field and origin for origin, and is what they budget (the
-    first variant) and plan (the seed row, the knob table's baseline)."""
+    first variant) and plan (the configured row, the knob table's baseline)."""
     launches = [_notebook_launch(stem, CASES[name]) for stem in SETUP_NOTEBOOKS]
     setup = launches[0].setup
     assert all(x.setup == setup and x.to_dict() == launches[0].to_dict() for x in launches[1:])
-    assert seed_setup(**setup_kwargs(setup)) == setup
-    label, configured = br.budget_variants(br.seed_variants(**setup_kwargs(setup)))[0]
+    assert configured_setup(**setup_kwargs(setup)) == setup
+    label, configured = br.budget_variants(br.configured_variants(**setup_kwargs(setup)))[0]
     assert label.startswith("as configured") and configured.setup == setup
     if name == "launch-dir":  # the files' setup, not the parameters'
         assert (setup.strategy.value, setup.batch, setup.checkpointing) == ("zero2", 4, True)
@@ -86,22 +86,22 @@ def test_notebooks_02_03_start_from_notebook_01s_setup(name) -> None:
 def test_the_plan_starts_from_the_users_setup(name) -> None:
     setup = _notebook_launch(SETUP_NOTEBOOKS[0], CASES[name]).setup
     plan = make_plan(**setup_kwargs(setup), host_ram="64GiB")
-    assert plan.seed.setup == setup
+    assert plan.configured.setup == setup
     assert plan.knobs and all(k.changes for k in plan.knobs)
 
 
 def test_a_lora_report_says_lora_as_configured(tmp_path) -> None:
     """The results and the report of a LoRA run: its "as configured" rows are LoRA, the budget's and the plan's."""
     setup = _notebook_launch(SETUP_NOTEBOOKS[0], CASES["a10g-lora"]).setup
-    variants = br.budget_variants(br.seed_variants(**setup_kwargs(setup)))
+    variants = br.budget_variants(br.configured_variants(**setup_kwargs(setup)))
     committed = agreement.load_committed()
     bud = budget_results(setup_case(setup), load_gpu(setup.gpu.name), setup.gpus, 0, variants, committed,
                          agreement.worst_row(committed), {}, [])
     plan = make_plan(**setup_kwargs(setup), host_ram="64GiB")
     assert bud["case"]["method"] == "lora" and bud["configured"]["method"] == "lora"
     assert "LoRA" in bud["variants"][0]["label"] and bud["variants"][0]["label"].startswith("as configured")
-    r = {"budget": bud, "plan": {"seed": plan.seed.to_dict(), "remedies": [x.to_dict() for x in plan.remedies],
-                                 "recommended": None}}
+    r = {"budget": bud, "plan": {"configured": plan.configured.to_dict(),
+                                 "remedies": [x.to_dict() for x in plan.remedies], "recommended": None}}
     first = story.remedy_bars(r)[0].label
     assert first.startswith("as configured") and "LoRA" in first, first
     assert "Full" not in first and "full fine" not in first
@@ -119,7 +119,7 @@ def test_the_answer_blames_the_move_only_for_a_launch_that_moves_a_replica(name,
     assert result.raised
     rep = reproduce_results({"model": setup.model.name, "dtype": "float16", "gpu": setup.gpu.name}, result, result,
                             None, None, None, None, setup.gpus, None, launch.to_dict())
-    variants = br.budget_variants(br.seed_variants(**setup_kwargs(setup)))
+    variants = br.budget_variants(br.configured_variants(**setup_kwargs(setup)))
     committed = agreement.load_committed()
     bud = budget_results(setup_case(setup), setup.gpu, setup.gpus, 0, variants, committed,
                          agreement.worst_row(committed), {}, [])

@@ -1,4 +1,4 @@
-"""The plan: the seed row, dropped bf16, searches, knob table, device_map placement, throughput, CLI."""
+"""The plan: the configured row, dropped bf16, searches, knob table, device_map placement, throughput, CLI."""
 
 import json
 import subprocess
@@ -38,31 +38,34 @@ def plan() -> Plan:
     return make_plan(model="llama-13b", gpu="t4", gpus=4, host_ram="192GiB", seq=2048)
 
 
-def test_seed_row_fails_for_notebook_01s_reason(plan) -> None:
+def test_configured_row_fails_for_notebook_01s_reason(plan) -> None:
     """The user's configuration does not fit: the fp16 replica alone exceeds a T4, as notebook 01 reproduced."""
-    seed = plan.seed
-    assert (seed.strategy, seed.method, seed.precision, seed.optimizer) == (
+    configured = plan.configured
+    assert (configured.strategy, configured.method, configured.precision, configured.optimizer) == (
         Strategy.DDP, Method.FULL, Precision.FP16_MIXED, Optimizer.ADAMW)
-    assert not seed.fits and seed.max_batch is None and seed.tokens_per_s is None
-    assert seed.reason.startswith("fails before training: model.to('cuda') of the fp16 replica reserves 24.37 GiB")
-    assert seed.fails_at_load and Remedy.from_dict(seed.to_dict()).fails_at_load
+    assert not configured.fits and configured.max_batch is None and configured.tokens_per_s is None
+    assert configured.reason.startswith(
+        "fails before training: model.to('cuda') of the fp16 replica reserves 24.37 GiB")
+    assert configured.fails_at_load and Remedy.from_dict(configured.to_dict()).fails_at_load
 
 
-def test_seed_row_is_named_as_the_others_and_shown_as_configured(plan) -> None:
-    """The seed's name is its configuration's (no prefix to strip); the ranked table's # column says "as configured"
-    once (the name column used to repeat it: "as configured | as configured: DeepSpeed ZeRO-3 · ...")."""
-    seed = plan.seed
-    assert seed.name == remedy_name(seed.route, seed.strategy, seed.method, seed.precision, seed.optimizer,
-                                    seed.checkpointing, plan.lora_rank)
-    first = remedy_rows(seed, plan.remedies, 1)[0]
-    assert first[:2] == ("as configured", seed.name)
+def test_configured_row_is_named_as_the_others_and_shown_as_configured(plan) -> None:
+    """The configured row's name is its configuration's (no prefix to strip); the ranked table's # column says
+    "as configured" once (the name column used to repeat it: "as configured | as configured: DeepSpeed ZeRO-3 ·
+    ...")."""
+    configured = plan.configured
+    assert configured.name == remedy_name(configured.route, configured.strategy, configured.method,
+                                          configured.precision, configured.optimizer, configured.checkpointing,
+                                          plan.lora_rank)
+    first = remedy_rows(configured, plan.remedies, 1)[0]
+    assert first[:2] == ("as configured", configured.name)
 
 
 def test_heading_reads_the_typed_load_failure(plan) -> None:
     """The heading's "notebook 01 reproduced why" follows ``fails_at_load``, not the reason's wording."""
     assert heading(plan).endswith("does not fit (notebook 01 reproduced why).")
-    worded = replace(plan, seed=replace(plan.seed, fails_at_load=False))  # same reason text, no load failure
-    assert "fails before training" in worded.seed.reason and heading(worded).endswith("does not fit.")
+    worded = replace(plan, configured=replace(plan.configured, fails_at_load=False))  # same reason, no load failure
+    assert "fails before training" in worded.configured.reason and heading(worded).endswith("does not fit.")
 
 
 def test_bf16_dropped_with_make_setups_message(plan) -> None:
@@ -182,7 +185,7 @@ def test_fit_map_agrees_with_search(plan) -> None:
 
 
 def test_summary_has_no_placeholders(plan) -> None:
-    """The plain-words answer names the recommendation and the failing seed."""
+    """The plain-words answer names the recommendation and the failing configuration."""
     text = summarize(plan)
     assert plan.recommended.name in text and "does not fit" in text and "None" not in text
 
@@ -197,7 +200,7 @@ def test_cli_plan_json_fields() -> None:
     fields = ("name", "route", "strategy", "method", "precision", "optimizer", "checkpointing", "offload", "fits",
               "reason", "per_gpu_peak_bytes", "headroom_bytes", "host_ram_bytes", "max_batch", "max_seq",
               "tokens_per_s", "config_files")
-    for r in data["remedies"] + [data["seed"]]:
+    for r in data["remedies"] + [data["configured"]]:
         assert all(f in r for f in fields)
     assert data["host_ram_bytes"] == 192 * 2**30
 
@@ -260,7 +263,7 @@ def test_recommended_is_the_best_launchable_row_and_says_why() -> None:
     best = launchable[0]
     assert rec in launchable and rec.tokens_per_s >= best.tokens_per_s * (1 - p.speed_uncertainty)
     if rec is not best:
-        assert rec.headroom_bytes - best.headroom_bytes >= HEADROOM_GAIN * p.seed.setup.gpu.total_memory_bytes
+        assert rec.headroom_bytes - best.headroom_bytes >= HEADROOM_GAIN * p.configured.setup.gpu.total_memory_bytes
         assert note.startswith(f"rank {p.remedies.index(rec) + 1}, not rank 1:") and "headroom" in note
     if rec is not p.remedies[0]:
         assert "not rank 1" in note and "not rank 1" in summarize(p)

@@ -20,7 +20,7 @@ def remedy(name: str, peak_gib: float, fits: bool) -> dict:
 def plan_results(recommended: str | None, n: int = 14) -> dict:
     remedies = [remedy(f"remedy {i}", 5 + i / 2, True) for i in range(1, n + 1)]
     rec = next((x for x in remedies if x["name"] == recommended), None)
-    return {"plan": {"seed": remedy("DDP · full", 300, False), "remedies": remedies,
+    return {"plan": {"configured": remedy("DDP · full", 300, False), "remedies": remedies,
                      "recommended": rec}}
 
 
@@ -31,10 +31,11 @@ def test_bars_follow_the_ranked_table() -> None:
     assert [b.chosen for b in bars].index(True) == 3 and sum(b.chosen for b in bars) == 1
 
 
-def test_the_seed_row_is_never_the_marked_fix() -> None:
-    """The seed's name is its configuration's, so it may equal the recommended row's: only the ranked row is marked."""
+def test_the_configured_row_is_never_the_marked_fix() -> None:
+    """The configured row's name is its configuration's, so it may equal the recommended row's: only the ranked
+    row is marked."""
     results = plan_results("remedy 3")
-    results["plan"]["seed"]["name"] = "remedy 3"
+    results["plan"]["configured"]["name"] = "remedy 3"
     bars = story.remedy_bars(results)
     assert bars[0].label == "as configured · remedy 3" and not bars[0].chosen
     assert [b.chosen for b in bars].index(True) == 3 and sum(b.chosen for b in bars) == 1

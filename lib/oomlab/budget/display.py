@@ -114,11 +114,11 @@ def configured_words(strategy: str, method: str, lora_rank: int, checkpointing: 
     return f"{trains}, {strategy}" + (", checkpointing" if checkpointing else "")
 
 
-def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: str, batch: int, seq: int,
-                  checkpointing: bool, attention: str, lora_rank: int, strategy: str | None = None,
-                  method: str = "full", lora_targets: str | None = None, nodes: int = 1,
-                  lora_alpha: int = DEFAULT_LORA_ALPHA
-                  ) -> list[tuple[str, dict[str, Any]]]:
+def configured_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: str, batch: int, seq: int,
+                        checkpointing: bool, attention: str, lora_rank: int, strategy: str | None = None,
+                        method: str = "full", lora_targets: str | None = None, nodes: int = 1,
+                        lora_alpha: int = DEFAULT_LORA_ALPHA
+                        ) -> list[tuple[str, dict[str, Any]]]:
     """The configuration as given (by default a full replica per GPU), first, and its usual variants, as ``estimate``
     keyword arguments; on one GPU no sharded variant (FSDP over one GPU is the single-GPU run).  Each label names the
     variant alone: :func:`budget_variants` marks the first one "as configured"."""
@@ -154,7 +154,7 @@ def seed_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: st
 
 def budget_variants(variants: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, BudgetResult]]:
     """Analytic budgets of the variants that are valid on this hardware, labelled for display: the first
-    (:func:`seed_variants`' configuration as given) as ``as configured: <its label>``."""
+    (:func:`configured_variants`' configuration as given) as ``as configured: <its label>``."""
     out = []
     for index, (label, kwargs) in enumerate(variants):
         try:
@@ -179,18 +179,19 @@ def configured_sentence(training: str, per_gpu_peak_bytes: int, headroom_bytes: 
 
 def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
     """Markdown: what the configured setup needs, what breaks it, and which variants fit."""
-    seed = results[0][1]
-    s, gpu = seed.setup, seed.setup.gpu
+    configured = results[0][1]
+    s, gpu = configured.setup, configured.setup.gpu
     given = configured_words(s.strategy.value, s.method.value, s.lora_rank, s.checkpointing, s.world_size)
-    breaking = seed.breaking_component
+    breaking = configured.breaking_component
     fitting = [(lbl, r) for lbl, r in results if r.fits]
     lines = [
-        f"**{CONFIGURED.capitalize()}** ({given}) one training step needs {format_size(seed.per_gpu_peak_bytes)} "
-        f"on each {gpu.display_name} of {format_size(seed.capacity_bytes)}: "
-        + (f"it {Fit.FITS.value}." if seed.fits else
-           f"it {Fit.NO.value}, short by {format_size(-seed.headroom_bytes)}; the largest component is "
-           f"{breaking.value} ({format_size(seed.components[breaking])}) and the peak falls in the "
-           f"{seed.peak_phase.value} phase."),
+        f"**{CONFIGURED.capitalize()}** ({given}) one training step needs "
+        f"{format_size(configured.per_gpu_peak_bytes)} on each {gpu.display_name} of "
+        f"{format_size(configured.capacity_bytes)}: "
+        + (f"it {Fit.FITS.value}." if configured.fits else
+           f"it {Fit.NO.value}, short by {format_size(-configured.headroom_bytes)}; the largest component is "
+           f"{breaking.value} ({format_size(configured.components[breaking])}) and the peak falls in the "
+           f"{configured.peak_phase.value} phase."),
         (f"The {gpus} GPUs do not pool their memory: each process holds what the strategy puts on it, so the "
          "question is always per GPU." if gpus > 1 else "One GPU: the question is whether one GPU holds the step."),
     ]

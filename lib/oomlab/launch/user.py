@@ -58,8 +58,8 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
 
 def setup_kwargs(setup: TrainingSetup) -> dict[str, Any]:
     """The setup as the keyword arguments of the budget's variants and the plan
-    (:func:`oomlab.budget.display.seed_variants`, :func:`oomlab.remedies.plan.make_plan`), so that notebooks 02 and
-    03 budget and plan the setup notebook 01 read (``seed_setup(**setup_kwargs(s)) == s``)."""
+    (:func:`oomlab.budget.display.configured_variants`, :func:`oomlab.remedies.plan.make_plan`), so that notebooks
+    02 and 03 budget and plan the setup notebook 01 read (``configured_setup(**setup_kwargs(s)) == s``)."""
     return {"model": setup.model, "gpu": setup.gpu.name, "gpus": setup.gpus, "nodes": setup.nodes,
             "strategy": setup.strategy.value, "method": setup.method.value, "precision": setup.precision.value,
             "optimizer": setup.optimizer.value, "batch": setup.batch, "seq": setup.seq,

@@ -23,11 +23,11 @@ REMEDY_HEADERS = ("#", "remedy", "launched by", "fits", "per-GPU peak", "headroo
 COMPACT_REMEDY_HEADERS = REMEDY_HEADERS[:8] + ("tokens/s",)  # the report's table: no max seq, no reason
 
 
-def remedy_rows(seed: Remedy, remedies: Sequence[Remedy], top: int = 15, *, compact: bool = False
+def remedy_rows(configured: Remedy, remedies: Sequence[Remedy], top: int = 15, *, compact: bool = False
                 ) -> list[tuple[Any, ...]]:
     """The user's configuration, then the ``top`` ranked remedies, as display rows (``compact``: the report's)."""
     rows = []
-    for i, r in enumerate([seed, *remedies[:top]]):
+    for i, r in enumerate([configured, *remedies[:top]]):
         row = ("as configured" if i == 0 else str(i), r.name,  # the # column names the user's row
                launcher(r.route, r.strategy), "yes" if r.fits else "no",
                format_signed_size(r.per_gpu_peak_bytes), format_signed_size(r.headroom_bytes),
@@ -74,12 +74,12 @@ def heading(plan: Plan) -> str:
     """Notebook 03's question for the case at hand, as a Markdown line: which configuration trains this model on
     these GPUs, and what the configuration as given does."""
     gpu = load_gpu(plan.gpu).display_name
-    seed = plan.seed
+    configured = plan.configured
     who = configured_words(plan.model, plan.gpu, plan.gpus)
-    run = (f"{seed.strategy.value if seed.strategy is not Strategy.SINGLE else 'one process'}, "
-           f"{seed.method.value} fine-tuning, {seed.precision.value}, {seed.optimizer.value}")
-    state = Fit.of(seed.fits).value + (" (notebook 01 reproduced why)" if seed.fails_at_load and not seed.fits
-                                       else "")
+    run = (f"{configured.strategy.value if configured.strategy is not Strategy.SINGLE else 'one process'}, "
+           f"{configured.method.value} fine-tuning, {configured.precision.value}, {configured.optimizer.value}")
+    state = Fit.of(configured.fits).value + (" (notebook 01 reproduced why)"
+                                             if configured.fails_at_load and not configured.fits else "")
     return (f"**Which configuration trains {md_text(plan.model)} on {plan.nodes * plan.gpus} × {gpu}?** "
             f"{who.capitalize()} ({run}) {state}.")
 
@@ -127,7 +127,7 @@ def render_plan(plan: Plan, top: int = 15) -> str:
     lines = [f"{plan.model} on {plan.nodes * plan.gpus} x {plan.gpu}, seq {plan.seq}, host RAM "
              f"{format_size(plan.host_ram_bytes)}: {len(plan.fitting)} of {len(plan.remedies)} remedies fit "
              f"({len(plan.dropped)} dropped)", ""]
-    for row in remedy_rows(plan.seed, plan.remedies, top):
+    for row in remedy_rows(plan.configured, plan.remedies, top):
         idx, name, launch, fits, peak, head, host, mb, ms, tps, why = row
         lines.append(f"{idx:>4}  {name}")
         lines.append(f"      launched by {launch}")
@@ -154,13 +154,13 @@ def render_plan(plan: Plan, top: int = 15) -> str:
 
 def summarize(plan: Plan) -> str:
     """The answer in plain words (Markdown), every figure from the plan."""
-    seed, rec = plan.seed, plan.recommended
+    configured, rec = plan.configured, plan.recommended
     gpu = load_gpu(plan.gpu)
     who = configured_words(plan.model, plan.gpu, plan.gpus)
     example = f", e.g. bf16 on the {gpu.display_name}" if not gpu.bf16 else ""
     lines = [
-        f"**{who.capitalize()} {Fit.NO.value}.** {seed.reason}." if not seed.fits else
-        f"**{who.capitalize()} {Fit.FITS.value}**: {seed.reason}.",
+        f"**{who.capitalize()} {Fit.NO.value}.** {configured.reason}." if not configured.fits else
+        f"**{who.capitalize()} {Fit.FITS.value}**: {configured.reason}.",
         verdict(plan),
         f"Of {len(plan.remedies)} configurations budgeted ({len(plan.dropped)} more dropped because the "
         f"{gpu.display_name} or the libraries cannot run them{example}), {len(plan.fitting)} fit on "

@@ -73,11 +73,11 @@ class Plan:
     nodes: int
     seq: int
     host_ram_bytes: int
-    seed: Remedy  # the user's configuration (its row is named as the others are; displays say "as configured")
+    configured: Remedy  # the user's configuration (its row is named as the others are; displays say "as configured")
     remedies: tuple[Remedy, ...]  # ranked: fitting by tokens/s, then the rest by per-GPU peak
     dropped: tuple[Remedy, ...]  # what the hardware cannot run, with the reason
     knobs: tuple[KnobChange, ...]  # single changes, then the minimal pairs that fit
-    device_map: DeviceMapPlacement | None  # the placement of the best device_map remedy (or the seed's)
+    device_map: DeviceMapPlacement | None  # the best device_map remedy's placement (else the first device_map row's)
     assumptions: tuple[str, ...]
     seq_note: str  # how the sequence searches are capped
     lora_rank: int = 8
@@ -102,7 +102,7 @@ class Plan:
 
     @property
     def outcome(self) -> Outcome:
-        if self.seed.fits:
+        if self.configured.fits:
             return Outcome.FITS
         if self.recommended is not None:
             return Outcome.FIXED
@@ -121,7 +121,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommended
         return {"model": self.model, "gpu": self.gpu, "gpus": self.gpus, "nodes": self.nodes, "seq": self.seq,
-                "host_ram_bytes": self.host_ram_bytes, "seed": self.seed.to_dict(),
+                "host_ram_bytes": self.host_ram_bytes, "configured": self.configured.to_dict(),
                 "remedies": [r.to_dict() for r in self.remedies], "dropped": [r.to_dict() for r in self.dropped],
                 "knobs": [k.to_dict() for k in self.knobs],
                 "device_map": None if self.device_map is None else self.device_map.to_dict(),
@@ -198,13 +198,14 @@ def fold_label_twins(remedies: list[Remedy], bf16: bool) -> list[Remedy]:
     return [keep[id(r)] for r in remedies if id(r) in keep]
 
 
-def seed_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = DEFAULTS.nodes, *,
-               seq: int = DEFAULTS.seq, batch: int = DEFAULTS.batch, precision: str = DEFAULTS.precision.value,
-               optimizer: str = DEFAULTS.optimizer.value, checkpointing: bool = DEFAULTS.checkpointing,
-               attention: str = DEFAULTS.attention.value, lora_rank: int = DEFAULTS.lora_rank,
-               strategy: str | Strategy | None = None, method: str | Method = DEFAULTS.method,
-               lora_targets: str | tuple[str, ...] = DEFAULTS.lora_targets, lora_alpha: int = DEFAULTS.lora_alpha
-               ) -> TrainingSetup:
+def configured_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = DEFAULTS.nodes, *,
+                     seq: int = DEFAULTS.seq, batch: int = DEFAULTS.batch,
+                     precision: str = DEFAULTS.precision.value, optimizer: str = DEFAULTS.optimizer.value,
+                     checkpointing: bool = DEFAULTS.checkpointing, attention: str = DEFAULTS.attention.value,
+                     lora_rank: int = DEFAULTS.lora_rank, strategy: str | Strategy | None = None,
+                     method: str | Method = DEFAULTS.method,
+                     lora_targets: str | tuple[str, ...] = DEFAULTS.lora_targets, lora_alpha: int = DEFAULTS.lora_alpha
+                     ) -> TrainingSetup:
     """The configuration as given; by default the seed's: a full replica per GPU (``model.to('cuda')`` in each
     process), full fine-tuning.  ``strategy`` None or ``ddp`` on one GPU is ``single``
     (:func:`oomlab.core.defaults.launch_strategy`, in :func:`make_setup`)."""
@@ -213,8 +214,8 @@ def seed_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int
                       attention=attention, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)
 
 
-def _seed_row(remedy: Remedy, setup: TrainingSetup) -> Remedy:
-    """The seed row: its reason says the replica alone, as notebook 01 reproduced (for launches that move one to
+def _configured_row(remedy: Remedy, setup: TrainingSetup) -> Remedy:
+    """The configured row: its reason says the replica alone, as notebook 01 reproduced (for launches that move one to
     each GPU), then the step; ``fails_at_load`` when that move already fails."""
     if setup.strategy not in (Strategy.SINGLE, Strategy.DDP):
         return remedy
@@ -310,8 +311,8 @@ def make_plan(
 ) -> Plan:
     """Every remedy for training ``model`` on ``nodes`` × ``gpus`` × ``gpu``, budgeted and ranked.
 
-    The user's configuration (``seed_setup``: a full replica per GPU, full fine-tuning with the given precision,
-    optimizer, micro-batch and checkpointing) is the seed row and the knob table's baseline.  ``host_ram``: a size
+    The user's configuration (``configured_setup``: a full replica per GPU, full fine-tuning with the given precision,
+    optimizer, micro-batch and checkpointing) is the configured row and the knob table's baseline.  ``host_ram``: a size
     with its unit, or ``"auto"`` / None for the host RAM of the listed instance with these GPUs
     (:func:`oomlab.core.prices.assumed_host_ram`).  On one GPU the multi-GPU strategies are left out; rows that
     differ only in a label are folded together (:func:`fold_label_twins`).
@@ -323,12 +324,13 @@ def make_plan(
     if seq > spec.max_position_embeddings:
         raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
                                 f"{spec.max_position_embeddings}: use a sequence length up to that")
-    base = seed_setup(spec, gpu_spec, gpus, nodes, seq=seq, batch=batch, precision=precision, optimizer=optimizer,
-                      checkpointing=checkpointing, attention=attention, lora_rank=lora_rank, strategy=strategy,
-                      method=method, lora_targets=lora_targets, lora_alpha=lora_alpha)
+    base = configured_setup(spec, gpu_spec, gpus, nodes, seq=seq, batch=batch, precision=precision,
+                            optimizer=optimizer, checkpointing=checkpointing, attention=attention,
+                            lora_rank=lora_rank, strategy=strategy, method=method, lora_targets=lora_targets,
+                            lora_alpha=lora_alpha)
     evaluator = Evaluator(host_ram_bytes, outside_bytes)
-    seed = evaluate_remedy(base, host_ram_bytes, assumptions=assumptions, evaluator=evaluator)
-    seed = _seed_row(seed, base)
+    configured = evaluate_remedy(base, host_ram_bytes, assumptions=assumptions, evaluator=evaluator)
+    configured = _configured_row(configured, base)
     remedies, dropped = [], []
     for c in plan_grid(spec, gpu_spec, gpus, nodes, batch=batch, seq=seq, attention=attention, lora_rank=lora_rank):
         if c.setup is None:
@@ -353,8 +355,8 @@ def make_plan(
     seq_note = (f"sequence searches stop at {spec.name}'s max_position_embeddings = {spec.max_position_embeddings} "
                 f"(RoPE was trained to that length); micro-batch searches at {MAX_BATCH_SEARCH}")
     return Plan(model=spec.name, gpu=gpu_spec.name, gpus=gpus, nodes=nodes, seq=seq, host_ram_bytes=host_ram_bytes,
-                seed=seed, remedies=tuple(remedies), dropped=tuple(dropped), knobs=knobs, device_map=placement,
-                assumptions=tuple(describe_assumptions(gpu_spec, assumptions)) + (host.text,),
+                configured=configured, remedies=tuple(remedies), dropped=tuple(dropped), knobs=knobs,
+                device_map=placement, assumptions=tuple(describe_assumptions(gpu_spec, assumptions)) + (host.text,),
                 seq_note=seq_note, lora_rank=lora_rank, host_ram_source=host.source, host_ram_assumed=host.assumed,
                 speed_uncertainty=assumptions.speed_uncertainty, notes=tuple(notes))
 

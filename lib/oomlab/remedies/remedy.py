@@ -60,7 +60,7 @@ class Remedy:
     dropped: bool = False  # the hardware or the libraries cannot run it
     gpu_fits: bool = False  # fits every GPU (host RAM aside)
     same_as: tuple[str, ...] = ()  # rows with the same figures that differ only in a label, folded into this one
-    fails_at_load: bool = False  # moving the model to the GPUs already fails, before the first step (the seed's row)
+    fails_at_load: bool = False  # moving the model to the GPUs fails, before the first step (the configured row)
     step: StepTime | None = field(default=None, compare=False)
     setup: TrainingSetup | None = field(default=None, repr=False, compare=False)
 

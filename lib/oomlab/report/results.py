@@ -101,7 +101,7 @@ def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None
 
     return {
         "case": dict(case),
-        "seed": plan.seed.to_dict(),
+        "configured": plan.configured.to_dict(),
         "remedies": [r.to_dict() for r in plan.remedies],
         "dropped": [r.to_dict() for r in plan.dropped],
         "knobs": [k.to_dict() for k in plan.knobs],

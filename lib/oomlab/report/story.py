@@ -168,7 +168,7 @@ REMEDY_HEADERS = COMPACT_REMEDY_HEADERS
 def remedy_rows(r: dict[str, Any], top: int = 10) -> list[tuple[Any, ...]]:
     """The ranked remedies as notebook 03 shows them, compact (:func:`oomlab.remedies.display.remedy_rows`)."""
     plan = r["plan"]
-    return plan_remedy_rows(Remedy.from_dict(plan["seed"]), [Remedy.from_dict(x) for x in plan["remedies"]], top,
+    return plan_remedy_rows(Remedy.from_dict(plan["configured"]), [Remedy.from_dict(x) for x in plan["remedies"]], top,
                             compact=True)
 
 
@@ -182,11 +182,12 @@ def remedy_bars(r: dict[str, Any], top: int = 10) -> list[RemedyBar]:
     shown = ranked[:top]
     if recommended and all(x["name"] != recommended for _, x in shown):
         shown += [(label, x) for label, x in ranked[top:] if x["name"] == recommended][:1]
-    seed = plan["seed"]
-    rows = ([("as configured · " + seed["name"], seed)] if seed.get("per_gpu_peak_bytes") is not None else []) + shown
+    configured = plan["configured"]
+    rows = ([("as configured · " + configured["name"], configured)]
+            if configured.get("per_gpu_peak_bytes") is not None else []) + shown
     bars, marked = [], False
     for label, x in rows:
-        chosen = not marked and x is not seed and x["name"] == recommended  # the seed row is never the fix
+        chosen = not marked and x is not configured and x["name"] == recommended  # the configured row is never the fix
         marked = marked or chosen
         bars.append(RemedyBar(label, int(x["per_gpu_peak_bytes"]),
                               int(x["per_gpu_peak_bytes"]) + int(x["headroom_bytes"]), bool(x["fits"]), chosen))
