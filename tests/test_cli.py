@@ -374,7 +374,7 @@ def test_plan_and_check_as_functions_answer_as_the_cli(capsys) -> None:
     assert main(["plan", "--json"]) == 0
     cli = json.loads(capsys.readouterr().out)
     assert (plan.model, plan.gpu, plan.gpus) == (cli["model"], cli["gpu"], cli["gpus"]) == ("llama-13b", "t4", 4)
-    assert [r.name for r in plan.remedies[:3]] == [r["name"] for r in cli["remedies"][:3]]
+    assert [r.name for r in plan.shown[:3]] == [r["name"] for r in cli["remedies"][:3]]
     launch = "torchrun --nproc_per_node 4 train.py --fp16"
     result = oomlab.check(gpu="t4", launch=launch, model="llama-13b")
     assert main(["check", "--gpu", "t4", "--launch", launch, "--model", "llama-13b", "--json"]) == 0

@@ -72,7 +72,7 @@ def _run(name: str, tmp_path) -> tuple[dict, object, str]:
     written = launch_dir.write_configs(config_dir, plan)
     rec = plan.recommended
     model_id = launch_dir.hub_id(plan.configured.setup.model.source) or "PATH/TO/MODEL"
-    command = launch_dir.launch_command(rec, model_id, plan.seq, plan.lora_rank, plan.gpus) if rec else None
+    command = launch_dir.plan_launch_command(plan, rec, model_id)
     verified = {"single_process": checks.verification(checks.FAST, run=False),
                 "fsdp_gloo": checks.verification(("fsdp",), run=False)}
     res = plan_results({"model": model, "gpu": gpu, "gpus": gpus, "seq": 2048, "host_ram": "auto", "trace": False},

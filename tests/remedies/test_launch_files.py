@@ -222,8 +222,9 @@ def test_deepspeed_json_refuses_other_strategies() -> None:
 def test_launch_doc_has_recommended_command(written, plan) -> None:
     """LAUNCH.md carries the exact command of the recommended remedy, with the model and its precision."""
     rec = plan.recommended
-    command = launch_dir.launch_command(rec, "huggyllama/llama-13b", plan.seq, plan.lora_rank, plan.gpus)
+    command = launch_dir.plan_launch_command(plan, rec, "huggyllama/llama-13b")
     assert command in written[launch_files.LAUNCH_DOC].read_text()
+    assert f"--batch {rec.setup.batch} " in command  # the ladder's fix launches the micro-batch it chose
     assert command.startswith("accelerate launch --config_file ")
     words = shlex.split(command)
     assert words[words.index("--model") + 1] == "huggyllama/llama-13b"
@@ -327,12 +328,12 @@ def test_launch_files_carry_a_non_llama_model(mistral, monkeypatch) -> None:
     top = launch_dir.top_launches(plan, 3)
     assert any(r.strategy.deepspeed for r in top)
     for r in top:
-        command = launch_dir.launch_command(r, "mistralai/Mistral-7B-v0.1", plan.seq, plan.lora_rank, plan.gpus)
+        command = launch_dir.plan_launch_command(plan, r, "mistralai/Mistral-7B-v0.1")
         assert command in doc
         words = shlex.split(command)
         batch = int(words[words.index("--batch") + 1])
         assert words[words.index("--model") + 1] == "mistralai/Mistral-7B-v0.1"
-        assert batch == launch_files.launch_batch(r.max_batch)
+        assert batch == (r.setup.batch if r is plan.fix else launch_files.launch_batch(r.max_batch))
         assert words[words.index("--method") + 1] == r.method.value
         mixed = words[words.index("--mixed_precision") + 1]
         assert mixed == deepspeed_configs.ACCELERATE_MIXED_PRECISION[r.precision]
@@ -373,6 +374,9 @@ CPU_RUNS = [
                   "accelerate_autocast": True, "forward": {"autocast": "float16", "weight_dtype": "float16"},
                   "fsdp1_flat_params": FSDP1_FLAT, "scaler": "ShardedGradScaler", "loss_dtype": "float32"},
                  id="fsdp-full"),
+    pytest.param(launch_files.FSDP, "full", ["--accumulation", "2"], FSDP1_PATCHES + FP16,  # the ladder's
+                 {"distributed_type": "FSDP", "model_class": "FullyShardedDataParallel"},  # micro-batch rung
+                 id="fsdp-full-accumulation"),
     pytest.param(launch_files.FSDP, "lora", ["--optimizer", "adamw-fused"], FSDP1_PATCHES + FP16,
                  {"distributed_type": "FSDP", "fsdp_version": 1, "model_class": "FullyShardedDataParallel",
                   "accelerate_autocast": True, "forward": {"autocast": "float16", "weight_dtype": "float16"},
@@ -532,3 +536,29 @@ def test_run_on_cpu_retries_only_a_rank_killed_by_a_signal(written, tmp_path, fa
 def test_run_on_cpu_rejects_zero_attempts(written) -> None:
     with pytest.raises(ValueError, match="attempts=0"):
         cpu_launch.run_on_cpu(next(iter(written.values())).parent, launch_files.DDP, [], attempts=0)
+
+
+@pytest.mark.heavy
+def test_deepspeed_json_and_script_accumulate_alike(tmp_path) -> None:
+    """The ladder's micro-batch rung on DeepSpeed: the JSON's gradient_accumulation_steps is the command's
+    --accumulation, and accelerate's DeepSpeed prepare accepts the pair (it refuses a mismatch); 2 steps train."""
+    setup = tiny_setup(None, strategy="zero2", gpus=2, method="full", precision="bf16-mixed",
+                       optimizer="adamw-fused", batch=1, seq=32)
+    files = {name: tmp_path / name for name in launch_dir.deepspeed_texts(setup, 2)}
+    for name, text in launch_dir.deepspeed_texts(setup, 2).items():
+        files[name].write_text(text)
+    (tmp_path / launch_files.TRAIN_SCRIPT).write_text(launch_dir.train_script("org/tiny"))
+    (tmp_path / "tiny.json").write_text(json.dumps({"model_type": setup.model.model_type, **setup.model.config}))
+    command = shlex.split(deepspeed_configs.launch_command(setup, "org/tiny", accumulation=2))
+    config = command[command.index("--config_file") + 1]
+    json_name = next(n for n in files if n.endswith(".json"))
+    assert json.loads(files[json_name].read_text())["gradient_accumulation_steps"] == 2 and "_a2" in json_name
+    args = command[command.index(launch_files.TRAIN_SCRIPT) + 1:]
+    assert args[args.index("--accumulation") + 1] == "2"
+    log = tmp_path / "log.jsonl"
+    results = cpu_launch.run_on_cpu(tmp_path, config, [*args, "--tiny-config", str(tmp_path / "tiny.json"),
+                                                       "--steps", "2", "--log-json", str(log)], mixed_precision="bf16")
+    for r in results:
+        assert r.exit_code == 0, r.output[-3000:]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in records[1:]] == [1, 2]

@@ -18,7 +18,7 @@ from oomlab.evidence import agreement
 from oomlab.evidence.checks import verification
 from oomlab.explanation.explain import explain
 from oomlab.remedies.display import micro_batches
-from oomlab.remedies.launch_dir import launch_command, write_configs
+from oomlab.remedies.launch_dir import plan_launch_command, write_configs
 from oomlab.remedies.plan import make_plan
 from oomlab.report import story
 from oomlab.report.results import budget_results, load_results, plan_results, reproduce_results, write_results
@@ -79,7 +79,7 @@ def out_dir(tmp_path_factory) -> Any:
     plan = make_plan(model=model, gpu="a10g", gpus=1)
     written = write_configs(root / "configs", plan)
     rec = plan.recommended
-    command = launch_command(rec, "PATH/TO/MODEL", plan.seq, plan.lora_rank, plan.gpus) if rec else None
+    command = plan_launch_command(plan, rec, "PATH/TO/MODEL")
     write_results(root / "results" / "03_remediations.json", plan_results(
         {"model": model, "gpu": "a10g", "gpus": 1}, plan, command, root / "configs", written, plan.device_map, [],
         {"single_process": verification(("lora",), run=False)}))

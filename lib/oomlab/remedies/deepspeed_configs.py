@@ -43,22 +43,25 @@ def _require_deepspeed(setup: TrainingSetup) -> None:
                          f"{', '.join(s.value for s in ZERO_STAGES)}")
 
 
-def file_names(setup: TrainingSetup) -> tuple[str, str]:
-    """``(DeepSpeed JSON, accelerate config)`` of a ZeRO setup (its ``batch`` is the micro-batch launched)."""
+def file_names(setup: TrainingSetup, accumulation: int = 1) -> tuple[str, str]:
+    """``(DeepSpeed JSON, accelerate config)`` of a ZeRO setup (its ``batch`` is the micro-batch launched,
+    ``accumulation`` the micro-batches per optimizer step)."""
     _require_deepspeed(setup)
     precision = ACCELERATE_MIXED_PRECISION.get(setup.precision, setup.precision.value)
     stem = f"{setup.strategy.value.replace('-', '_')}_{'fp32' if precision == 'no' else precision}_" \
-           f"{setup.optimizer.value.replace('-', '_')}_b{setup.batch}"
+           f"{setup.optimizer.value.replace('-', '_')}_b{setup.batch}" + (f"_a{accumulation}" if accumulation > 1
+                                                                          else "")
     return f"deepspeed_{stem}.json", f"accelerate_deepspeed_{stem}.yaml"
 
 
-def deepspeed_json(setup: TrainingSetup, settings: DeepSpeedSettings | None = None) -> dict[str, Any]:
+def deepspeed_json(setup: TrainingSetup, settings: DeepSpeedSettings | None = None,
+                   accumulation: int = 1) -> dict[str, Any]:
     """The DeepSpeed JSON that runs ``setup`` (a ``zero*`` strategy) with ``settings`` (default: HF's ``"auto"``)."""
     _require_deepspeed(setup)
     ds = settings_for(setup, settings)
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": setup.batch,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": accumulation,  # = train.py --accumulation (accelerate checks they match)
         "gradient_clipping": 1.0,
         **precision_block(setup),
         **data_types_block(ds),
@@ -78,13 +81,13 @@ def deepspeed_json(setup: TrainingSetup, settings: DeepSpeedSettings | None = No
     return config
 
 
-def accelerate_deepspeed_config(setup: TrainingSetup) -> dict[str, Any]:
+def accelerate_deepspeed_config(setup: TrainingSetup, accumulation: int = 1) -> dict[str, Any]:
     """The accelerate config of a ZeRO remedy: ``distributed_type: DEEPSPEED`` pointing at its JSON, ``zero.Init``
     while loading under stage 3 (``zero3_init_flag``).  No ``mixed_precision`` key: beside ``deepspeed_config_file``
     accelerate refuses one ("the following accelerate config variables will be ignored", accelerate/utils/
     dataclasses.py ``DeepSpeedPlugin._deepspeed_config_checks``); the JSON's fp16/bf16 block decides, and the command's
     ``--mixed_precision`` must match it (``DeepSpeedPlugin.set_mixed_precision``)."""
-    json_name, _ = file_names(setup)
+    json_name, _ = file_names(setup, accumulation)
     return {
         "compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED",
         "deepspeed_config": {"deepspeed_config_file": json_name, "zero3_init_flag": setup.strategy.zero_stage == 3},
@@ -93,7 +96,7 @@ def accelerate_deepspeed_config(setup: TrainingSetup) -> dict[str, Any]:
     }
 
 
-def train_args(setup: TrainingSetup, model_id: str) -> list[str]:
+def train_args(setup: TrainingSetup, model_id: str, accumulation: int = 1) -> list[str]:
     """``train.py``'s arguments for ``setup``: the model, method (with the family's LoRA targets), length, micro-batch,
     optimizer and checkpointing."""
     args = ["--model", model_id, "--method", setup.method.value, "--seq", str(setup.seq), "--batch", str(setup.batch),
@@ -103,12 +106,15 @@ def train_args(setup: TrainingSetup, model_id: str) -> list[str]:
                  "--lora-targets", ",".join(setup.lora_targets)]
     if setup.checkpointing:
         args.append("--checkpointing")
+    if accumulation > 1:
+        args += ["--accumulation", str(accumulation)]
     return args
 
 
-def launch_command(setup: TrainingSetup, model_id: str) -> str:
-    """``accelerate launch`` of ``train.py`` with the remedy's accelerate config, model, method, precision and batch."""
-    _, yaml_name = file_names(setup)
+def launch_command(setup: TrainingSetup, model_id: str, accumulation: int = 1) -> str:
+    """``accelerate launch`` of ``train.py`` with the remedy's accelerate config, model, method, precision, batch and
+    gradient accumulation."""
+    _, yaml_name = file_names(setup, accumulation)
     head = ["accelerate", "launch", "--config_file", yaml_name, "--num_processes", str(setup.world_size),
             "--mixed_precision", ACCELERATE_MIXED_PRECISION[setup.precision]]
-    return shlex.join([*head, TRAIN_SCRIPT, *train_args(setup, model_id)])
+    return shlex.join([*head, TRAIN_SCRIPT, *train_args(setup, model_id, accumulation)])

@@ -90,12 +90,23 @@ def verdict(plan: Plan) -> str:
     gpu = load_gpu(plan.gpu).display_name
     where = f"{plan.nodes * plan.gpus} × {gpu}"
     outcome = plan.outcome
+    margin = plan.decision.verdict.margin.words if plan.decision is not None else ""
     if outcome is Outcome.FITS:
-        return f"**It fits as configured** on {where}."
+        return f"**It fits as configured** on {where}" + (f", with the margin ({margin})." if margin else ".")
     if outcome is Outcome.FIXED:
         rec = plan.recommended or plan.remedies[0]
-        why = "" if rec is plan.remedies[0] else f" ({plan.recommendation_note})"
+        if plan.ladder_fix is not None:
+            kinds = "; ".join(s.words for s in plan.decision.steps)
+            return (f"**It fits with a change:** {rec.name} on {where}, with the margin — the least disruptive "
+                    f"change that does: {kinds}.")
+        why = "" if rec is plan.shown[0] else f" ({plan.recommendation_note})"
         return f"**It fits with a change:** {rec.name} on {where}{why}."
+    if outcome is Outcome.TIGHT:
+        tight = plan.decision.tight
+        what = ("as configured" if plan.decision.verdict.tight or not tight else
+                "with " + "; ".join(s.words for s in tight))
+        return (f"**It fits {where} only inside the margin** ({what}): the estimate leaves less headroom than "
+                f"this setup class needs ({margin}); nothing on the ladder fits with it.")
     if outcome is Outcome.HOST_RAM:
         best = plan.host_ram_short[0]
         return (f"**It fits the GPUs but not the assumed host RAM — set `host_ram`.** {len(plan.host_ram_short)} "
@@ -127,7 +138,7 @@ def render_plan(plan: Plan, top: int = 15) -> str:
     lines = [f"{plan.model} on {plan.nodes * plan.gpus} x {plan.gpu}, seq {plan.seq}, host RAM "
              f"{format_size(plan.host_ram_bytes)}: {len(plan.fitting)} of {len(plan.remedies)} remedies fit "
              f"({len(plan.dropped)} dropped)", ""]
-    for row in remedy_rows(plan.configured, plan.remedies, top):
+    for row in remedy_rows(plan.configured, plan.shown, top):
         idx, name, launch, fits, peak, head, host, mb, ms, tps, why = row
         lines.append(f"{idx:>4}  {name}")
         lines.append(f"      launched by {launch}")
@@ -186,7 +197,7 @@ def summarize(plan: Plan) -> str:
             f"micro-batch {rec.max_batch} at {plan.seq} tokens, or {rec.max_seq} tokens at micro-batch 1; about "
             f"{format_tokens_per_s(rec.tokens_per_s)} tokens/s under the stated assumptions. It "
             + "; it ".join(c.text for c in rec.caveats) + "." + (f" Why this one: {plan.recommendation_note}."
-                                                                  if rec is not plan.remedies[0] else ""))
+                                                                  if rec is not plan.shown[0] else ""))
     knobs_fit = [k for k in plan.knobs if k.fits and len(k.changes) == 1]
     if knobs_fit:
         lines.append(f"Single changes to {who} that make it fit: " + "; ".join(

@@ -2,7 +2,9 @@
 fits each, priced from a dated list-price table, ranked the cheapest per token, the fastest, the fewest GPUs, and the
 pareto front of cost against speed.
 
-Each row is the plan's recommendation (:attr:`oomlab.remedies.plan.Plan.recommended`) for that hardware: the plan's
+Each row is the fastest sound remedy of the plan's grid (:attr:`oomlab.remedies.plan.Plan.fastest`) on that
+hardware -- "what would train this model, and how fast", not the fix of the user's own run (the ladder's,
+:attr:`~oomlab.remedies.plan.Plan.fix`, which keeps what the user chose): the plan's
 grid (:func:`~oomlab.remedies.plan.plan_grid`) restricted to the configurations it could recommend (no harmful
 caveat, launch files written), ranked by the plan's own key (:func:`~oomlab.remedies.plan.rank_key`) and chosen by
 its own rule (:func:`~oomlab.remedies.plan.recommend`: the fastest, or one about as fast with much more headroom).

@@ -45,16 +45,18 @@ def hub_id(source: str) -> str | None:
     return match.group(1) if match else None
 
 
-def launch_setup(remedy: Remedy, seq: int | None = None) -> TrainingSetup | None:
-    """The setup a remedy's command launches: its own, at the launched micro-batch (and ``seq`` when given)."""
+def launch_setup(remedy: Remedy, seq: int | None = None, batch: int | None = None) -> TrainingSetup | None:
+    """The setup a remedy's command launches: its own, at the launched micro-batch (``batch`` when given: the
+    ladder's fix launches the micro-batch it chose, with its margin) and ``seq`` when given."""
     if remedy.setup is None:
         return None
-    changes = {"batch": launch_batch(remedy.max_batch)} | ({"seq": seq} if seq is not None else {})
+    changes = {"batch": launch_batch(remedy.max_batch if batch is None else batch)} | (
+        {"seq": seq} if seq is not None else {})
     return replace(remedy.setup, **changes)
 
 
 def launch_command(remedy: Remedy, model_id: str, seq: int, lora_rank: int = 8,
-                   num_processes: int = 4) -> str | None:
+                   num_processes: int = 4, accumulation: int = 1, batch: int | None = None) -> str | None:
     """The exact command that launches ``remedy`` from inside the configs folder.
 
     None where no launch file runs it: the device-map route, and pure fp16/bf16 (``train.py`` trains with fp32
@@ -65,12 +67,12 @@ def launch_command(remedy: Remedy, model_id: str, seq: int, lora_rank: int = 8,
     mixed_precision = ACCELERATE_MIXED_PRECISION.get(remedy.precision)
     if mixed_precision is None:
         return None
-    setup = launch_setup(remedy, seq)
+    setup = launch_setup(remedy, seq, batch)
     if remedy.strategy.deepspeed:
-        return None if setup is None else deepspeed_configs.launch_command(setup, model_id)
+        return None if setup is None else deepspeed_configs.launch_command(setup, model_id, accumulation)
     config = ACCELERATE_CONFIG.get(remedy.strategy)
     if setup is not None:
-        args = train_args(setup, model_id)
+        args = train_args(setup, model_id, accumulation)
     else:  # a remedy read back from results JSON: what it records
         args = ["--model", model_id, "--method", remedy.method.value, "--seq", str(seq), "--batch",
                 str(launch_batch(remedy.max_batch)), "--optimizer", remedy.optimizer.value]
@@ -81,6 +83,27 @@ def launch_command(remedy: Remedy, model_id: str, seq: int, lora_rank: int = 8,
     else:
         head = ["accelerate", "launch", "--config_file", config, "--num_processes", str(num_processes)]
     return shlex.join([*head, "--mixed_precision", mixed_precision, TRAIN_SCRIPT, *args])
+
+
+def plan_accumulation(plan: Plan, remedy: Remedy) -> int:
+    """The gradient accumulation ``remedy`` launches with: the ladder's for the plan's fix (the global batch kept),
+    else 1."""
+    return plan.decision.accumulation if remedy is plan.fix and plan.decision is not None else 1
+
+
+def plan_launch_command(plan: Plan, remedy: Remedy | None, model_id: str) -> str | None:
+    """The command that launches ``remedy`` of ``plan`` (its recommendation by default): at its own sequence length,
+    micro-batch and, for the ladder's fix, gradient accumulation."""
+    if remedy is None:
+        return None
+    seq = plan.seq if remedy.setup is None else remedy.setup.seq
+    return launch_command(remedy, model_id, seq, lora_rank=plan.lora_rank, num_processes=plan.gpus,
+                          accumulation=plan_accumulation(plan, remedy), batch=plan_batch(plan, remedy))
+
+
+def plan_batch(plan: Plan, remedy: Remedy) -> int | None:
+    """The micro-batch the plan's fix launches (the ladder's); None: the remedy's own largest that fits."""
+    return plan.fix.setup.batch if remedy is plan.fix and plan.fix.setup is not None else None
 
 
 def plan_settings(plan: Plan) -> LaunchSettings:
@@ -101,14 +124,15 @@ def train_script(model_id: str) -> str:
     return text.replace(DEFAULT_MODEL_LINE, f"DEFAULT_MODEL = {json.dumps(model_id)}")
 
 
-def deepspeed_texts(setup: TrainingSetup) -> dict[str, str]:
+def deepspeed_texts(setup: TrainingSetup, accumulation: int = 1) -> dict[str, str]:
     """``{file name: text}`` of a ZeRO ``setup``'s DeepSpeed JSON (``batch``: the micro-batch launched) and the
     accelerate config that uses it."""
     import yaml
 
-    json_name, yaml_name = deepspeed_configs.file_names(setup)
-    return {json_name: json.dumps(deepspeed_configs.deepspeed_json(setup), indent=2) + "\n",
-            yaml_name: yaml.safe_dump(deepspeed_configs.accelerate_deepspeed_config(setup), sort_keys=False)}
+    json_name, yaml_name = deepspeed_configs.file_names(setup, accumulation)
+    return {json_name: json.dumps(deepspeed_configs.deepspeed_json(setup, accumulation=accumulation), indent=2)
+            + "\n", yaml_name: yaml.safe_dump(deepspeed_configs.accelerate_deepspeed_config(setup, accumulation),
+                                               sort_keys=False)}
 
 
 def write_deepspeed_files(out_dir: str | os.PathLike[str], setup: TrainingSetup) -> dict[str, Path]:
@@ -180,13 +204,14 @@ def launch_texts(plan: Plan | None = None, settings: LaunchSettings | None = Non
     commands, deepspeed = [], []
     if plan is not None:
         for r in top_launches(plan, top):
-            setup = launch_setup(r, plan.seq)
+            acc = plan_accumulation(plan, r)
+            setup = launch_setup(r, plan.seq if r.setup is None else r.setup.seq, plan_batch(plan, r))
             if r.strategy.deepspeed and setup is not None:
-                json_name, yaml_name = deepspeed_configs.file_names(setup)
+                json_name, yaml_name = deepspeed_configs.file_names(setup, acc)
                 if json_name not in files:
-                    files.update(deepspeed_texts(setup))
+                    files.update(deepspeed_texts(setup, acc))
                     deepspeed.append((json_name, yaml_name, r.strategy, launcher(r.route, r.strategy)))
-            cmd = launch_command(r, settings.model_id, plan.seq, lora_rank=plan.lora_rank, num_processes=plan.gpus)
+            cmd = plan_launch_command(plan, r, settings.model_id)
             if cmd:
                 commands.append((r.name, cmd))
     files[LAUNCH_DOC] = launch_doc(commands, settings, tuple(deepspeed))

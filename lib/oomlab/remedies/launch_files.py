@@ -57,7 +57,8 @@ def launch_batch(max_batch: int | None) -> int:
     return min(max_batch or 1, LAUNCH_BATCH_CAP)
 
 
-def files_for(route: Route, setup: TrainingSetup, max_batch: int | None = None) -> tuple[str, ...]:
+def files_for(route: Route, setup: TrainingSetup, max_batch: int | None = None,
+              accumulation: int = 1) -> tuple[str, ...]:
     """The files that launch ``setup`` on ``route`` (none where no config is written): its strategy's accelerate
     config, or a ZeRO remedy's own DeepSpeed JSON and accelerate config (for the micro-batch launched,
     :func:`launch_batch` of ``max_batch``), then ``train.py`` and ``LAUNCH.md``."""
@@ -70,7 +71,7 @@ def files_for(route: Route, setup: TrainingSetup, max_batch: int | None = None) 
     if strategy.deepspeed:
         if setup.precision not in deepspeed_configs.ACCELERATE_MIXED_PRECISION:
             return ()
-        return (*deepspeed_configs.file_names(replace(setup, batch=launch_batch(max_batch))), *common)
+        return (*deepspeed_configs.file_names(replace(setup, batch=launch_batch(max_batch)), accumulation), *common)
     config = ACCELERATE_CONFIG.get(strategy)
     return () if config is None else (config, *common)
 

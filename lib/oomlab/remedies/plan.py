@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oomlab.budget.result import Fit
@@ -27,6 +27,7 @@ from oomlab.core.prices import HOST_RAM_AUTO, resolve_host_ram
 from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.core.units import format_size
 from oomlab.remedies.knobs import KnobChange, knob_table
+from oomlab.remedies.ladder import Decision, climb
 from oomlab.remedies.launch_files import files_for
 from oomlab.remedies.placement import DeviceMapPlacement, place_device_map
 from oomlab.remedies.remedy import (
@@ -56,8 +57,9 @@ HEADROOM_GAIN = 0.10  # a remedy about as fast is preferred for its headroom whe
 class Outcome(enum.Enum):
     """The plan's verdict, one per case."""
 
-    FITS = "fits as configured"  # the user's configuration fits the GPUs and the host RAM
-    FIXED = "a remedy fits"  # a sound remedy that oomlab writes launch files for fits
+    FITS = "fits as configured"  # the user's configuration fits the GPUs and the host RAM, with the margin
+    FIXED = "a remedy fits"  # a sound remedy that oomlab writes launch files for fits (the ladder's, with the margin)
+    TIGHT = "fits only inside the margin"  # nothing fits with the margin; something fits by the estimate alone
     HOST_RAM = Fit.GPU_ONLY.value  # a sound remedy fits every GPU; the host RAM is too small
     HARMFUL_ONLY = "fits only with harmful changes"  # only pure half precision or SGD fit
     NOTHING = "nothing fits"  # no configuration oomlab knows fits the GPUs
@@ -85,25 +87,52 @@ class Plan:
     host_ram_assumed: bool = False  # True: not given by the user (the GPUs' machine's, or the seed's)
     speed_uncertainty: float = 0.10  # speeds closer than this are not told apart (Assumptions.speed_uncertainty)
     notes: tuple[str, ...] = ()  # what the plan left out or folded together, and why
+    decision: Decision | None = field(default=None, compare=False)  # the ladder on the configured run (issue 22)
+    fix: Remedy | None = None  # the ladder's fix, budgeted: the recommendation, row 1 of every table shown
 
     @property
     def fitting(self) -> tuple[Remedy, ...]:
         return tuple(r for r in self.remedies if r.fits)
 
     @property
-    def recommended(self) -> Remedy | None:
-        """The remedy to launch: :func:`recommend`'s choice."""
+    def ladder_fix(self) -> Remedy | None:
+        """The ladder's least disruptive fix (None: it fits as configured, or nothing on the ladder fits with the
+        margin)."""
+        return self.fix
+
+    @property
+    def fastest(self) -> Remedy | None:
+        """The fastest sound launchable remedy of the grid (:func:`recommend`): what the hardware search ranks, a
+        different question from the fix of the user's run."""
         return recommend(self.remedies, self.speed_uncertainty)[0]
+
+    @property
+    def recommended(self) -> Remedy | None:
+        """The remedy to launch: the ladder's fix when there is one, else the fastest sound one (:func:`recommend`)."""
+        return self.fix or self.fastest
+
+    @property
+    def shown(self) -> tuple[Remedy, ...]:
+        """The table as shown: the ladder's fix first, then the grid ranked by speed."""
+        return ((self.fix,) if self.fix is not None else ()) + self.remedies
 
     @property
     def recommendation_note(self) -> str:
         """Why the recommended remedy is the one it is (why not rank 1, when it is not)."""
+        if self.ladder_fix is not None:
+            steps = "; ".join(s.words for s in self.decision.steps)
+            margin = self.decision.fixed.margin.words
+            return f"rank 1: the least disruptive change that fits with the margin ({margin}) -- {steps}"
         return recommend(self.remedies, self.speed_uncertainty)[1]
 
     @property
     def outcome(self) -> Outcome:
-        if self.configured.fits:
+        if self.decision is not None and self.decision.verdict.fits or self.decision is None and self.configured.fits:
             return Outcome.FITS
+        if self.ladder_fix is not None:
+            return Outcome.FIXED
+        if self.decision is not None and (self.decision.verdict.tight or self.decision.tight):
+            return Outcome.TIGHT
         if self.recommended is not None:
             return Outcome.FIXED
         if self.host_ram_short:
@@ -122,7 +151,7 @@ class Plan:
         rec = self.recommended
         return {"model": self.model, "gpu": self.gpu, "gpus": self.gpus, "nodes": self.nodes, "seq": self.seq,
                 "host_ram_bytes": self.host_ram_bytes, "configured": self.configured.to_dict(),
-                "remedies": [r.to_dict() for r in self.remedies], "dropped": [r.to_dict() for r in self.dropped],
+                "remedies": [r.to_dict() for r in self.shown], "dropped": [r.to_dict() for r in self.dropped],
                 "knobs": [k.to_dict() for k in self.knobs],
                 "device_map": None if self.device_map is None else self.device_map.to_dict(),
                 "recommended": None if rec is None else rec.to_dict(), "assumptions": list(self.assumptions),
@@ -348,6 +377,14 @@ def make_plan(
              ", the others named in its same_as"] if budgeted > len(remedies) else []
     if gpus * nodes == 1:
         notes.append(ONE_GPU_NOTE)
+    decision = climb(base, evaluator)
+    fix = None
+    if decision.steps:  # the ladder's fix: row 1 of what is shown, whatever its speed (least disruptive, not fastest)
+        fix = evaluate_remedy(decision.setup, host_ram_bytes, assumptions=assumptions, evaluator=evaluator)
+        batch = decision.setup.batch  # launched as the ladder chose it: the margin holds at this micro-batch
+        fix = replace(fix, name=fix.name + _ladder_suffix(base, decision),
+                      config_files=files_for(Route.PROCESS_PER_GPU, decision.setup, batch, decision.accumulation)
+                      if fix.fits else ())
     knobs = knob_table(base, host_ram_bytes, evaluator=evaluator)
     dm = next((r for r in remedies if r.route is Route.DEVICE_MAP and r.recommendable), None)
     dm = dm or next((r for r in remedies if r.route is Route.DEVICE_MAP), None)
@@ -358,7 +395,18 @@ def make_plan(
                 configured=configured, remedies=tuple(remedies), dropped=tuple(dropped), knobs=knobs,
                 device_map=placement, assumptions=tuple(describe_assumptions(gpu_spec, assumptions)) + (host.text,),
                 seq_note=seq_note, lora_rank=lora_rank, host_ram_source=host.source, host_ram_assumed=host.assumed,
-                speed_uncertainty=assumptions.speed_uncertainty, notes=tuple(notes))
+                speed_uncertainty=assumptions.speed_uncertainty, notes=tuple(notes), decision=decision, fix=fix)
+
+
+def _ladder_suffix(base: TrainingSetup, decision: Decision) -> str:
+    """What the fix changes that the remedy's name does not say: the micro-batch and accumulation, the length."""
+    fix = decision.setup
+    parts = []
+    if fix.batch != base.batch:
+        parts.append(f"micro-batch {fix.batch} × accumulation {decision.accumulation}")
+    if fix.seq != base.seq:
+        parts.append(f"seq {fix.seq}")
+    return "".join(f" · {p}" for p in parts)
 
 
 def distinct_top(plan: Plan, n: int = 3) -> tuple[Remedy, ...]:

@@ -102,7 +102,7 @@ def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None
     return {
         "case": dict(case),
         "configured": plan.configured.to_dict(),
-        "remedies": [r.to_dict() for r in plan.remedies],
+        "remedies": [r.to_dict() for r in plan.shown],  # the ladder's fix first, then by speed
         "dropped": [r.to_dict() for r in plan.dropped],
         "knobs": [k.to_dict() for k in plan.knobs],
         "recommended": rec.to_dict() if rec else None,
@@ -116,7 +116,7 @@ def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None
         "outcome": plan.outcome.value,
         "verdict_markdown": verdict(plan),
         "recommendation_note": plan.recommendation_note,
-        "recommended_rank": None if rec is None else plan.remedies.index(rec) + 1,
+        "recommended_rank": None if rec is None else plan.shown.index(rec) + 1,
         "host_ram_bytes": plan.host_ram_bytes,
         "host_ram_source": plan.host_ram_source,
         "host_ram_assumed": plan.host_ram_assumed,

@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     p.add_argument("--batch", type=int, default=1, help="micro-batch per GPU")
+    p.add_argument("--accumulation", type=int, default=1,
+                   help="micro-batches per optimizer step (gradient accumulation: the global batch kept)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each decoder layer")
     p.add_argument("--data", default=None, help="a text file to train on (default: random token ids)")
@@ -231,7 +233,7 @@ def probe_first_layer(model: torch.nn.Module, seen: dict[str, object]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    accelerator = Accelerator()
+    accelerator = Accelerator(gradient_accumulation_steps=args.accumulation)
     set_seed(args.seed)
     model = load_model(args, accelerator)
     vocab_size = model.config.vocab_size
@@ -266,11 +268,13 @@ def main(argv: list[str] | None = None) -> None:
     data = batches(args, vocab_size, accelerator.process_index)
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
-        input_ids = next(data).to(accelerator.device)
-        loss = model(input_ids=input_ids, labels=input_ids).loss
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for _ in range(args.accumulation):  # accelerate steps the optimizer on the last micro-batch only
+            with accelerator.accumulate(model):
+                input_ids = next(data).to(accelerator.device)
+                loss = model(input_ids=input_ids, labels=input_ids).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - start
         value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
         if not math.isfinite(value):
@@ -282,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
             if accelerator.is_main_process:
                 emit({"prepared": prepared}, args.log_json)
         if accelerator.is_main_process:
-            tokens = args.batch * args.seq * accelerator.num_processes
+            tokens = args.batch * args.accumulation * args.seq * accelerator.num_processes
             record = {"step": step, "loss": value, "seconds": seconds, "tokens_per_s": tokens / seconds}
             if torch.cuda.is_available():
                 record["max_memory_allocated"] = torch.cuda.max_memory_allocated()
