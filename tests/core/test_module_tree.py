@@ -56,7 +56,7 @@ def test_llama_13b_parameters_hand_counted():
     assert sum(e.numel for _, e in tree.named_parameters()) == 40 * layer + 2 * 32000 * 5120 + 5120 == 13_015_864_320
     assert [(n, e.numel, e.dtype) for n, e in tree.named_buffers()] == \
         [("model.rotary_emb.inv_freq", 64, "float32"), ("model.rotary_emb.original_inv_freq", 64, "float32")]
-    assert dict(tree.tied) == {} and tree.tied_groups() == []
+    assert dict(tree.tied) == {} and tree.tied_groups == ()
 
 
 def test_tied_embedding_named_once():
@@ -64,7 +64,7 @@ def test_tied_embedding_named_once():
     tree = module_tree(load_model("gemma-2b"))
     assert dict(tree.tied) == {"lm_head.weight": "model.embed_tokens.weight"}
     assert "lm_head.weight" not in dict(tree.named_parameters())
-    assert tree.tied_groups() == [["lm_head.weight", "model.embed_tokens.weight"]]
+    assert tree.tied_groups == (("lm_head.weight", "model.embed_tokens.weight"),)
 
 
 def test_json_round_trip_stores_each_subtree_once():

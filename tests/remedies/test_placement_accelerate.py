@@ -54,7 +54,7 @@ def test_balanced_memory_is_accelerates(name, gpus, share):
     with placement._memoised_sizes():
         theirs = get_balanced_memory(placement._meta_model(spec), max_memory=dict(given),
                                      no_split_module_classes=list(NO_SPLIT), dtype="float16")
-    assert ours.get_balanced_memory(module_tree(spec), dict(given), list(NO_SPLIT), "float16") == theirs
+    assert ours.get_balanced_memory(module_tree(spec), module_sizes(spec), dict(given), list(NO_SPLIT)) == theirs
 
 
 SETUPS = [

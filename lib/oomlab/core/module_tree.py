@@ -19,7 +19,7 @@ import math
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, cached_property, lru_cache
 from types import MappingProxyType
 from typing import Any
 
@@ -100,7 +100,13 @@ class ModuleTree:
                 if name not in self.tied:
                     yield name, entry
 
-    def tied_groups(self) -> list[list[str]]:
+    @cached_property
+    def module_classes(self) -> Mapping[str, str]:
+        """Each module's qualified name -> its class name."""
+        return MappingProxyType({name: node.cls for name, node in self.modules()})
+
+    @cached_property
+    def tied_groups(self) -> tuple[tuple[str, ...], ...]:
         """accelerate's ``find_tied_parameters``: each tied parameter's names, sorted; the groups sorted too (NB:
         accelerate orders the groups by a set's iteration order; every shipped model has at most one group)."""
         params = {name for prefix, node in self.modules() for name in
@@ -109,7 +115,7 @@ class ModuleTree:
         for later, first in self.tied.items():
             if later in params:
                 groups.setdefault(first, set()).add(later)
-        return sorted(sorted({first, *later}) for first, later in groups.items())
+        return tuple(sorted(tuple(sorted({first, *later})) for first, later in groups.items()))
 
 
 # ------------------------------------------------------------------------------------------------ the table

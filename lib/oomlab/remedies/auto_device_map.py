@@ -61,22 +61,10 @@ def _module_leaves(module_sizes: Mapping[str, int]) -> list[str]:
     return [module for module in module_sizes if children.get(module, 0) == 0 and module != ""]
 
 
-def _classes(tree: ModuleTree) -> dict[str, str]:
-    return {name: node.cls for name, node in tree.modules()}
-
-
-def get_balanced_memory(tree: ModuleTree, max_memory: Mapping[Device, int], no_split_module_classes: list[str],
-                        dtype: str) -> dict[Device, int]:
-    """``get_balanced_memory(model, max_memory, no_split_module_classes, dtype)`` with ``max_memory`` given: each GPU
-    but the last capped at the model's share plus a buffer (1.25 x the larger of a no-split block and the mean final
-    module)."""
-    max_memory = _ordered(max_memory)
-    num_devices = len([d for d in max_memory if isinstance(d, int) and max_memory[d] > 0])
-    if num_devices == 0:
-        return max_memory
-    module_sizes = compute_module_sizes(tree, dtype)
-    per_gpu = module_sizes[""] // num_devices
-    classes = _classes(tree)
+def balance_buffer(tree: ModuleTree, module_sizes: Mapping[str, int], no_split_module_classes: list[str]) -> int:
+    """What ``get_balanced_memory`` adds to each GPU's share of the model: 1.25 x the larger of the first no-split
+    block of each class and the mean size of the final modules (the modules whose own children hold no tensor)."""
+    classes = tree.module_classes
     no_split_children: dict[str, int] = {}
     if no_split_module_classes:
         for name, size in module_sizes.items():
@@ -92,8 +80,21 @@ def get_balanced_memory(tree: ModuleTree, max_memory: Mapping[Device, int], no_s
     module_sizes = {n: v for n, v in module_sizes.items() if n not in leaves}
     final = _module_leaves(module_sizes)
     mean_leaves = int(sum([module_sizes[n] for n in final]) / max(len(final), 1))
-    buffer = int(1.25 * max(buffer, mean_leaves))
-    per_gpu += buffer
+    return int(1.25 * max(buffer, mean_leaves))
+
+
+def get_balanced_memory(tree: ModuleTree, module_sizes: Mapping[str, int], max_memory: Mapping[Device, int],
+                        no_split_module_classes: list[str], buffer: int | None = None) -> dict[Device, int]:
+    """``get_balanced_memory(model, max_memory, no_split_module_classes, dtype)`` with ``max_memory`` given
+    (``module_sizes``: :func:`compute_module_sizes` of ``tree`` in ``dtype``, read only; ``buffer``: its
+    :func:`balance_buffer`, where the caller keeps it): each GPU but the last capped at the model's share plus the
+    buffer."""
+    max_memory = _ordered(max_memory)
+    num_devices = len([d for d in max_memory if isinstance(d, int) and max_memory[d] > 0])
+    if num_devices == 0:
+        return max_memory
+    per_gpu = module_sizes[""] // num_devices
+    per_gpu += balance_buffer(tree, module_sizes, no_split_module_classes) if buffer is None else buffer
     gpus = sorted(d for d, mem in max_memory.items() if isinstance(d, int) and mem > 0)
     for idx in gpus[:-1]:  # the last device keeps its max_memory in case the buffer is not enough
         max_memory[idx] = min(per_gpu, max_memory[idx])
@@ -155,20 +156,20 @@ def clean_device_map(device_map: dict[str, Device], module_name: str = "") -> di
     return device_map
 
 
-def infer_auto_device_map(tree: ModuleTree, max_memory: Mapping[Device, int], no_split_module_classes: list[str],
-                          dtype: str) -> dict[str, Device]:
-    """``infer_auto_device_map(model, max_memory, no_split_module_classes, dtype)``: modules in order onto the GPUs,
-    then the CPU, then the disk, each device keeping room for the largest remaining layer where it is a main device
-    (the first GPU and the CPU), a module split into its parameters and children where it does not fit and may be,
-    tied parameters kept with the module they are tied to."""
+def infer_auto_device_map(tree: ModuleTree, module_sizes: Mapping[str, int], max_memory: Mapping[Device, int],
+                          no_split_module_classes: list[str]) -> dict[str, Device]:
+    """``infer_auto_device_map(model, max_memory, no_split_module_classes, dtype)`` (``module_sizes``:
+    :func:`compute_module_sizes` of ``tree`` in ``dtype``, read only): modules in order onto the GPUs, then the CPU,
+    then the disk, each device keeping room for the largest remaining layer where it is a main device (the first GPU
+    and the CPU), a module split into its parameters and children where it does not fit and may be, tied parameters
+    kept with the module they are tied to."""
     max_memory = _ordered(max_memory)
     devices: list[Device] = list(max_memory)
     if "disk" not in devices:
         devices.append("disk")
     gpus = [d for d in devices if d not in ("cpu", "disk")]
     main_devices = ["mps"] if "mps" in gpus else [gpus[0], "cpu"] if gpus else ["cpu"]
-    module_sizes = compute_module_sizes(tree, dtype)
-    tied_parameters = tree.tied_groups()
+    tied_parameters = tree.tied_groups
     root = tree.root
     modules_to_treat: list[tuple[str, Member]] = [
         *((e.name, e) for e in root.parameters), *root.children, *((e.name, e) for e in root.buffers)]

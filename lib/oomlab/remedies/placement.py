@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -28,7 +28,12 @@ from oomlab.core.models import ModelSpec
 from oomlab.core.module_tree import module_tree
 from oomlab.core.quiet import quiet_libraries
 from oomlab.core.setup import TrainingSetup
-from oomlab.remedies.auto_device_map import compute_module_sizes, get_balanced_memory, infer_auto_device_map
+from oomlab.remedies.auto_device_map import (
+    balance_buffer,
+    compute_module_sizes,
+    get_balanced_memory,
+    infer_auto_device_map,
+)
 
 NO_SPLIT = ("LlamaDecoderLayer", "MistralDecoderLayer")  # accelerate keeps a decoder layer on one device
 CPU_BYTES = 1 << 62  # what accelerate is given for the CPU: whatever does not fit the GPUs goes there
@@ -76,13 +81,19 @@ def module_sizes(spec: ModelSpec) -> dict[str, int]:
     return compute_module_sizes(module_tree(spec), SIZES_DTYPE)
 
 
+@lru_cache(maxsize=64)
+def _buffer(spec: ModelSpec) -> int:
+    """get_balanced_memory's buffer for ``spec``: the same for every placement of it."""
+    return balance_buffer(module_tree(spec), module_sizes(spec), list(NO_SPLIT))
+
+
 def auto_device_map(spec: ModelSpec, max_memory: Mapping[int, int]) -> dict[str, int | str]:
     """What ``device_map="auto"`` with ``max_memory`` (per GPU) places: accelerate's ``get_balanced_memory`` (each GPU
     capped at what it was given), then ``infer_auto_device_map`` with the rest on the CPU; over the module tree."""
-    tree = module_tree(spec)
-    balanced = get_balanced_memory(tree, dict(max_memory), list(NO_SPLIT), SIZES_DTYPE)
+    tree, sizes = module_tree(spec), module_sizes(spec)
+    balanced = get_balanced_memory(tree, sizes, dict(max_memory), list(NO_SPLIT), _buffer(spec))
     balanced = {k: min(int(v), max_memory[k]) for k, v in balanced.items() if k in max_memory}
-    return infer_auto_device_map(tree, {**balanced, "cpu": CPU_BYTES}, list(NO_SPLIT), SIZES_DTYPE)
+    return infer_auto_device_map(tree, sizes, {**balanced, "cpu": CPU_BYTES}, list(NO_SPLIT))
 
 
 @lru_cache(maxsize=16)
@@ -153,26 +164,52 @@ def layer_index(name: str) -> int | None:
     return None
 
 
-def _covers(placed: str, name: str) -> bool:
-    """Is module ``name`` inside the placed module ``placed`` (accelerate's ``""`` is the whole model)?"""
-    return placed == "" or name == placed or name.startswith(placed + ".")
+def _inside(placed: set[str], name: str) -> bool:
+    """Is module ``name`` inside one of the placed modules (itself or a parent; accelerate's ``""`` is the whole
+    model)?"""
+    parts = name.split(".")
+    return any(".".join(parts[:k]) in placed for k in range(len(parts) + 1))
+
+
+def layer_modules(names: Iterable[str]) -> tuple[tuple[str, int], ...]:
+    """The decoder layers' own modules among ``names`` (``…layers.{i}``), with their indices."""
+    found = ((name, layer_index(name)) for name in names)
+    return tuple((name, i) for name, i in found if i is not None and name.endswith(f"layers.{i}"))
+
+
+def head_modules(names: Iterable[str]) -> tuple[str, ...]:
+    """The LM head's module among ``names`` (``lm_head`` when none is named so)."""
+    return tuple(n for n in names if n == "lm_head" or n.endswith(".lm_head")) or ("lm_head",)
+
+
+def _covered(placed: tuple[str, ...], layers: tuple[tuple[str, int], ...]) -> tuple[int, ...]:
+    inside = set(placed)
+    found = {i for i in map(layer_index, placed) if i is not None}
+    found.update(i for name, i in layers if _inside(inside, name))
+    return tuple(sorted(found))
+
+
+def _holds(placed: tuple[str, ...], heads: tuple[str, ...]) -> bool:
+    inside = set(placed)
+    return any(_inside(inside, h) for h in heads)
 
 
 def covered_layers(placed: tuple[str, ...], sizes: Mapping[str, int]) -> tuple[int, ...]:
     """The decoder layers inside the placed modules: a layer itself, or every layer of a placed parent
     (``{"": 0}``, what accelerate returns when the whole model fits one GPU, holds all of them)."""
-    found = {i for i in map(layer_index, placed) if i is not None}
-    for name in sizes:
-        i = layer_index(name)
-        if i is not None and name.endswith(f"layers.{i}") and any(_covers(p, name) for p in placed):
-            found.add(i)
-    return tuple(sorted(found))
+    return _covered(placed, layer_modules(sizes))
 
 
 def holds_head(placed: tuple[str, ...], sizes: Mapping[str, int]) -> bool:
     """Do the placed modules hold the LM head (the module itself or a parent of it)?"""
-    heads = [n for n in sizes if n == "lm_head" or n.endswith(".lm_head")] or ["lm_head"]
-    return any(_covers(p, h) for p in placed for h in heads)
+    return _holds(placed, head_modules(sizes))
+
+
+@lru_cache(maxsize=64)
+def _named_parts(spec: ModelSpec) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
+    """``spec``'s decoder-layer modules and LM head among its sized modules: read once per model."""
+    sizes = module_sizes(spec)
+    return layer_modules(sizes), head_modules(sizes)
 
 
 def share_out(components: Mapping[MemCategory, int], weight_bytes: int, layers: int, holds_lm_head: bool,
@@ -237,6 +274,7 @@ def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -
     scaled = {i: max(0, int(usable / per_weight)) for i in range(setup.gpus)}
     device_map = auto_device_map(setup.model, scaled)
     weights_total = sizes[""]
+    layer_names, heads = _named_parts(setup.model)
     per_device: dict[Any, list[str]] = {}
     for name, device in device_map.items():
         per_device.setdefault(device, []).append(name)
@@ -244,8 +282,8 @@ def place_device_map(setup: TrainingSetup, result: BudgetResult | None = None) -
     for device in range(setup.gpus):
         names = tuple(per_device.get(device, ()))
         wbytes = sum(sizes.get(n, 0) for n in names)
-        layers = covered_layers(names, sizes)
-        head = holds_head(names, sizes)
+        layers = _covered(names, layer_names)
+        head = _holds(names, heads)
         peak = gpu_peak(result, wbytes, len(layers), head, setup, weights_total)
         gpus.append(GPUPlacement(device, names, layers, wbytes, peak if names else outside, head))
     spilled = tuple(n for d, ns in per_device.items() if not isinstance(d, int) for n in ns)
