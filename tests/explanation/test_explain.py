@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from oomlab.cli import main
 from oomlab.core import paths
-from oomlab.core.errors import NotAnOomMessageError
+from oomlab.core.errors import NotAnOomMessageError, OomlabError
 from oomlab.core.seed import seed_report_text
 from oomlab.core.units import MiB, format_size
 from oomlab.explanation.anomalies import AnomalyCode
@@ -545,3 +545,53 @@ def test_anomaly_codes_are_members_and_the_json_writes_their_values() -> None:
     result = explain(_fixture("ComfyUI/issues/7372"), gpu="t4")
     assert result.anomalies and all(isinstance(a.code, AnomalyCode) for a in result.anomalies)
     assert [a["code"] for a in result.to_dict()["anomalies"]] == [a.code.value for a in result.anomalies]
+
+
+# ------------------------------------------------------------------- the run told (issue 22)
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--strategy", "zero9"], "argument --strategy: invalid choice: 'zero9' (choose from 'single', 'ddp', 'zero1', "
+         "'zero2', 'fsdp', 'fsdp-offload', 'fsdp2', 'fsdp2-offload', 'zero3', 'zero2-offload', 'zero3-offload')"),
+        (["--method", "dora"], "argument --method: invalid choice: 'dora' (choose from 'full', 'lora', 'qlora')"),
+        (["--gpus", "0"], "argument --gpus: invalid value '0'; must be an integer >= 1"),
+    ],
+)
+def test_cli_run_options_refused(argv: list, error: str, capsys) -> None:
+    """A bad --strategy, --method or count exits 2 naming the value and the valid ones, before any work."""
+    with pytest.raises(SystemExit) as info:
+        main(["explain", FIXTURES[0]["text"], *argv])
+    assert info.value.code == 2 and error in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"strategy": "zero9"}, "unknown strategy 'zero9'; known: ddp, fsdp, fsdp-offload, fsdp2, fsdp2-offload, "
+         "single, zero1, zero2, zero2-offload, zero3, zero3-offload"),
+        ({"batch": 0}, "invalid batch 0; expected a whole number of sequences >= 1, or None when unknown"),
+        ({"seq": 2.5}, "invalid seq 2.5; expected a whole number of tokens >= 1, or None when unknown"),
+        ({"nodes": True}, "invalid nodes True; expected a whole number of nodes >= 1, or None when unknown"),
+    ],
+)
+def test_run_told_refused(options: dict, error: str) -> None:
+    """explain() refuses a bad run description naming it and what is accepted."""
+    with pytest.raises(OomlabError) as info:
+        explain(FIXTURES[0]["text"], **options)
+    assert str(info.value) == error
+
+
+def test_cli_run_options_reach_the_aggregates(capsys) -> None:
+    """--gpus 8 --strategy zero2 on llama-2-7b's 3.14 GiB step: the JSON's first aggregate is the fp32 gradient
+    partition, and the context is the one told."""
+    text = ('  File "train.py", line 41, in <module>\n    optimizer.step()\n'
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.14 GiB. GPU 0 has a total capacity of "
+            "79.35 GiB of which 2.05 GiB is free. Of the allocated memory 73.40 GiB is allocated by PyTorch, and "
+            "2.46 GiB is reserved by PyTorch but unallocated.")
+    assert main(["explain", text, "--model", "llama-2-7b", "--gpus", "4", "--nodes", "2", "--strategy", "zero2",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["aggregates"][0]["what"] == "ZeRO's fp32 gradient partition over 8 GPUs"
+    assert data["context"]["world_size"] == 8 and data["context"]["strategy"] == "zero2"

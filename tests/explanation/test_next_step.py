@@ -128,3 +128,15 @@ def test_training_phases_are_the_budgets() -> None:
 def test_subcommand_follows_the_phase(trace: str, subcommand: Subcommand) -> None:
     """A failure inside the step points to the budget, one before it (or without a traceback) to the plan."""
     assert next_step(explain(trace + T4_OLD, model="llama-13b")).subcommand is subcommand
+
+
+def test_budget_carries_the_run_told() -> None:
+    """The run told to explain (strategy, method, optimizer, batch, seq, nodes) is filled into the budget command, and
+    the command parses with oomlab's own CLI."""
+    step = next_step(explain(BACKWARD + T4_OLD, model="llama-2-7b", gpus=4, nodes=2, strategy="zero2", method="full",
+                             optimizer="adamw", batch=2, seq=1024))
+    assert step.command == ("python -m oomlab budget --model llama-2-7b --gpu t4 --gpus 4 --nodes 2 --strategy zero2 "
+                            "--method full --optimizer adamw --batch 2 --seq 1024")
+    assert step.runnable
+    args = build_parser().parse_args(shlex.split(step.command)[3:])
+    assert (args.nodes, args.strategy, args.method, args.batch, args.seq) == (2, "zero2", "full", 2, 1024)

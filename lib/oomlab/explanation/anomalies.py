@@ -10,14 +10,17 @@ from oomlab.core.size_ranges import format_interval
 from oomlab.core.units import GiB, MiB, format_size
 from oomlab.explanation.backend import Backend, backend_terms
 from oomlab.explanation.message import OomMessage
+from oomlab.explanation.outside import (
+    LEGACY_CONTEXT_BYTES,
+    LEGACY_FLAG_BYTES,
+    ExpectedOutside,
+    OutsideReading,
+    describe_expected,
+)
 from oomlab.explanation.processes import ProcessAccount
 from oomlab.explanation.request import is_segment_interval
 
-CUDA_CONTEXT_BYTES = (300 * MiB, 600 * MiB)  # NB: typical CUDA context + cuBLAS/cuDNN handles, driver-dependent
-
 FREE_MARGIN_BYTES = 256 * MiB  # NB: cudaMalloc needs contiguous pages; a little free above the request can fail
-
-OUTSIDE_FLAG_BYTES = 1 * GiB  # "far above a CUDA context": flag memory outside the allocator above this
 
 HOST_REQUEST_FLAG_BYTES = 1024 * GiB  # NB: a single host allocation of 1 TiB or more is no model tensor
 
@@ -65,8 +68,11 @@ class Anomaly:
 
 
 def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPUSpec | None,
-                   account: ProcessAccount | None = None) -> list[Anomaly]:
-    """The remarks on ``msg``: every backend's (cut, unreadable, retyped, repeated), then its own backend's."""
+                   account: ProcessAccount | None = None, expected: ExpectedOutside | None = None) -> list[Anomaly]:
+    """The remarks on ``msg``: every backend's (cut, unreadable, retyped, repeated), then its own backend's.
+
+    ``expected``: the memory outside PyTorch its GPU should show (:func:`oomlab.explanation.outside.expected_outside`;
+    None for a backend without shipped figures, which is remarked on above :data:`LEGACY_FLAG_BYTES`)."""
     out: list[Anomaly] = []
     if msg.missing:
         out.append(Anomaly(AnomalyCode.TRUNCATED, "The message is cut off or edited: it lacks "
@@ -79,7 +85,7 @@ def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPUSpe
     elif msg.backend is Backend.CPU:
         out += _cpu_anomalies(msg)
     else:
-        out += _device_anomalies(msg, outside, gpu, account)
+        out += _device_anomalies(msg, outside, gpu, account, expected)
     if gpu is not None and msg.backend not in (None, Backend.CUDA):
         out.append(Anomaly(AnomalyCode.BACKEND_MISMATCH,
                            f"--gpu {gpu.name} names an NVIDIA GPU, but {msg.backend.article} {msg.backend.value} "
@@ -96,7 +102,7 @@ def find_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPUSpe
 
 
 def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPUSpec | None,
-                      account: ProcessAccount | None) -> list[Anomaly]:
+                      account: ProcessAccount | None, expected: ExpectedOutside | None) -> list[Anomaly]:
     """The caching allocators' (CUDA, HIP, XPU) remarks."""
     out: list[Anomaly] = []
     terms = backend_terms(msg.backend)
@@ -144,9 +150,16 @@ def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPU
         out.append(Anomaly(AnomalyCode.NEGATIVE_OUTSIDE,
                            "total − free − reserved is negative: the figures are inconsistent (memory spilled to "
                            "system memory, or the message was edited)."))
-    elif outside is not None and outside[0] > OUTSIDE_FLAG_BYTES:
-        text = (f"{format_interval(outside)} of the GPU is held outside this process's PyTorch allocator, far above "
-                f"{terms.context} with its {terms.handles} ({format_interval(CUDA_CONTEXT_BYTES)}).")
+    elif outside is not None and outside_large(outside, expected):
+        held = f"{format_interval(outside)} of the GPU is held outside this process's PyTorch allocator"
+        if expected is not None:
+            text = f"{held}, above the {describe_expected(expected)}."
+            if expected.multi_gpu is not None and outside[0] <= expected.multi_gpu[1]:
+                text += (f" One rank of a multi-GPU job holds NCCL's buffers too ({format_interval(expected.multi_gpu)}"
+                         " in all): if this is one, give the number of GPUs and it is expected.")
+        else:
+            text = (f"{held}, far above {terms.context} with its {terms.handles} "
+                    f"({format_interval(LEGACY_CONTEXT_BYTES)}).")
         text += (" Usually that is another process on the GPU, or in a multi-GPU job every rank initialising "
                  f"{'HIP' if msg.backend is Backend.HIP else 'CUDA'} (or putting tensors) on GPU 0 before calling "
                  "torch.cuda.set_device(local_rank).")
@@ -178,6 +191,15 @@ def _device_anomalies(msg: OomMessage, outside: tuple[int, int] | None, gpu: GPU
                            f"{total.text}: the message comes from another GPU, or this one under another "
                            "driver, ECC setting or MIG slice."))
     return out
+
+
+def outside_large(outside: tuple[int, int], expected: ExpectedOutside | None) -> bool:
+    """Whether memory outside PyTorch is above what the GPU should show: the whole interval above the expected range
+    (its top: see :mod:`.outside` for why not a multiple of the budget's point), or above the legacy threshold for a
+    backend without shipped figures."""
+    if expected is not None:
+        return expected.reading(outside) is OutsideReading.ABOVE
+    return outside[0] > LEGACY_FLAG_BYTES
 
 
 def _process_anomalies(account: ProcessAccount, lister: str) -> list[Anomaly]:

@@ -43,6 +43,8 @@ def render_explanation(e: Explanation) -> str:
         rows.append(("  of it this process", format_interval(acc.non_pytorch)))
     if acc.other_processes is not None:
         rows.append(("  of it other processes", format_interval(acc.other_processes)))
+    if e.outside is not None and e.expected_outside is not None:
+        rows.append(("outside, expected", format_interval(e.expected_outside.interval)))
     if e.torch_versions:
         rows.append(("torch", ", ".join(e.torch_versions)))
     if e.anomalies:

@@ -6,12 +6,16 @@ the CPU allocator's) and its traceback (:mod:`.frames`), then:
 * the request: "Tried to allocate" is the segment asked of cudaMalloc, so it names a range of request sizes,
   not one tensor size (:mod:`.request`);
 * fragmentation (reserved − allocated) and whether the message's own hint can help;
-* memory outside this process's allocator (total − free − reserved) against a CUDA context's size, and which
+* memory outside this process's allocator (total − free − reserved) against the range its GPU, torch era and world
+  size should show -- the budget's own figure and the measured spread around it (:mod:`.outside`) -- and which
   listed process is this one (:mod:`.processes`);
 * anomalies (allocated above capacity, a request above capacity, device ≠ 0, an ``allowed`` cap …:
   :mod:`.anomalies`);
 * with a model: the parameter tensors and dtypes whose segment prints as the request, and, when the
   traceback shows ``Module._apply``, where the allocated figure falls along the ``_apply`` walk (:mod:`.candidates`);
+  and the aggregates whose sizes match it -- whole copies per dtype, ZeRO partitions and FSDP shards over the world
+  size, optimizer states, foreach temporaries, DDP and DeepSpeed buckets, the logits, dequantized weights -- ranked
+  by the phase and what the caller told of the run (:mod:`.aggregate_candidates`);
 * the torch releases whose ``module.py`` line numbers match the traceback (:mod:`.torch_versions`);
 * the phase (moving, loading, forward, backward, optimizer step) the traceback's frames show (:mod:`.phase`);
 * the next command to run, prefilled (:mod:`.next_step`).
@@ -29,17 +33,21 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from oomlab.core.choices import Method, Optimizer, Strategy, choice
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError
-from oomlab.core.gpus import known_gpus, load_gpu
+from oomlab.core.gpus import GPUSpec, known_gpus, load_gpu
 from oomlab.core.models import load_model
+from oomlab.explanation.aggregate_candidates import AggregateCandidate, aggregate_candidates
 from oomlab.explanation.anomalies import find_anomalies
 from oomlab.explanation.backend import Backend
 from oomlab.explanation.candidates import Candidate, tensor_candidates, walk_position
+from oomlab.explanation.context import RunContext
 from oomlab.explanation.findings import Findings
 from oomlab.explanation.frames import parse_traceback
 from oomlab.explanation.message import OomMessage, parse_oom_message, require_figure
 from oomlab.explanation.next_step import next_step
+from oomlab.explanation.outside import ExpectedOutside, expected_outside
 from oomlab.explanation.phase import PhaseCode, detect_phase
 from oomlab.explanation.printed import PrintedSize, interval_sub
 from oomlab.explanation.processes import account_processes
@@ -71,24 +79,51 @@ def _gpu_matches(total: PrintedSize | None, backend: Backend | None) -> tuple[st
     return tuple(g for g in known_gpus() if total.low_bytes <= load_gpu(g).total_memory_bytes <= total.high_bytes)
 
 
+def _count(value: int | None, name: str, what: str) -> int | None:
+    """``value`` if a whole number ≥ 1 (or None); else an error naming it."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InvalidValueError(f"invalid {name} {value!r}; expected a whole number of {what} >= 1, or None when "
+                                "unknown")
+    return value
+
+
+def run_context(gpus: int | None = None, nodes: int | None = None, strategy: str | Strategy | None = None,
+                method: str | Method | None = None, optimizer: str | Optimizer | None = None,
+                batch: int | None = None, seq: int | None = None) -> RunContext:
+    """What the caller told of the run, checked: counts are whole numbers ≥ 1, choices are known (the error lists
+    them).  The world size is ``gpus`` × ``nodes`` (one node when not told); a ``single`` strategy is one GPU."""
+    gpus, nodes = _count(gpus, "gpus", "GPUs"), _count(nodes, "nodes", "nodes")
+    strat = choice(Strategy, strategy, "strategy") if strategy is not None else None
+    world = gpus * (nodes or 1) if gpus is not None else (1 if strat is Strategy.SINGLE else None)
+    return RunContext(
+        world_size=world, strategy=strat,
+        method=choice(Method, method, "method") if method is not None else None,
+        optimizer=choice(Optimizer, optimizer, "optimizer") if optimizer is not None else None,
+        batch=_count(batch, "batch", "sequences"), seq=_count(seq, "seq", "tokens"))
+
+
 def explain(
     text: str | bytes, model: str | None = None, gpu: str | None = None, dtype: str | None = None,
-    gpus: int | None = None,
+    gpus: int | None = None, *, nodes: int | None = None, strategy: str | Strategy | None = None,
+    method: str | Method | None = None, optimizer: str | Optimizer | None = None, batch: int | None = None,
+    seq: int | None = None,
 ) -> Explanation:
     """Decode the out-of-memory message in ``text`` and say what it supports.
 
     Raises :class:`NotAnOomMessageError` (an :class:`~oomlab.core.errors.OomlabError`) when ``text`` holds none, or
     one from which no figure can be read: a bare ``CUDA out of memory.``, a message cut off before its first figure,
     or a garbled one (``Tried to allocate banana MiB (GPU x; total capacity;``) -- one rule, :func:`require_figure`
-    -- and ``UnknownNameError`` for an unknown model, GPU or
-    dtype, and ``InvalidValueError`` for a ``gpus`` that is not a whole number ≥ 1 — all checked before any work.
-    ``gpus`` (GPUs per node, which no message states) only fills in the next step's command.
+    -- and ``UnknownNameError`` for an unknown model, GPU, dtype, strategy, method or optimizer, and
+    ``InvalidValueError`` for a ``gpus``, ``nodes``, ``batch`` or ``seq`` that is not a whole number ≥ 1 — all checked
+    before any work.  What no message states -- ``gpus`` (GPUs per node) and ``nodes``, the ``strategy``, ``method``,
+    ``optimizer``, micro-``batch`` and ``seq`` length -- fills in the next step's command and weighs the aggregate
+    candidates (the world size divides partitions and shards; the memory outside PyTorch expects NCCL's buffers on
+    more than one GPU).
     """
     spec = load_model(model) if model is not None else None
     gpu_spec = load_gpu(gpu) if gpu is not None else None
     dt = load_dtype(dtype).name if dtype is not None else None
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-        raise InvalidValueError(f"invalid gpus {gpus!r}; expected a whole number of GPUs >= 1, or None when unknown")
+    ctx = run_context(gpus, nodes, strategy, method, optimizer, batch, seq)
     msg = require_figure(parse_oom_message(text))
     frames, sources = parse_traceback(text)
 
@@ -137,16 +172,33 @@ def explain(
             if exact:
                 candidates = tensor_candidates(msg, spec.name, dt, bf16, tuple(exact))
 
+    request = _request_range(msg)
+    aggregates: tuple[AggregateCandidate, ...] = ()
+    if spec is not None and caching:
+        aggregates = aggregate_candidates(request, spec.name, ctx, phase, frames)
+
     processes = account_processes(msg)
-    anomalies = tuple(find_anomalies(msg, outside, gpu_spec, processes))
+    expected = _expected_outside(msg, gpu_spec, gpu_matches, ctx)
+    anomalies = tuple(find_anomalies(msg, outside, gpu_spec, processes, expected))
     findings = Findings(
         message=msg, model=spec.name if spec else None, gpu=gpu_spec.name if gpu_spec else None, dtype=dt,
-        gpus=gpus, request_range=_request_range(msg), fragmentation=fragmentation, fragmentation_bytes=frag_bytes,
-        outside=outside, outside_bytes=outside_bytes, processes=processes, hint_can_help=hint_can_help,
-        anomalies=anomalies, candidates=candidates, walk=walk, phase=phase, torch_versions=versions,
-        version_observations=observations, gpu_matches=gpu_matches, frames=frames,
+        gpus=gpus, request_range=request, fragmentation=fragmentation, fragmentation_bytes=frag_bytes,
+        outside=outside, outside_bytes=outside_bytes, expected_outside=expected, processes=processes,
+        hint_can_help=hint_can_help, anomalies=anomalies, candidates=candidates, aggregates=aggregates, context=ctx,
+        walk=walk, phase=phase, torch_versions=versions, version_observations=observations, gpu_matches=gpu_matches,
+        frames=frames,
     )
     return Explanation.of(findings, compose_verdict(findings, gpu_spec))
+
+
+def _expected_outside(msg: OomMessage, gpu_spec: GPUSpec | None, gpu_matches: tuple[str, ...],
+                      ctx: RunContext) -> ExpectedOutside | None:
+    """What the message's GPU should hold outside PyTorch: the GPU named, else those whose capacity prints as the
+    message's total, else any shipped GPU; None for a backend oomlab has no figures for (ROCm, XPU)."""
+    if msg.backend not in (None, Backend.CUDA):
+        return None
+    gpus = (gpu_spec,) if gpu_spec is not None else tuple(load_gpu(g) for g in gpu_matches)
+    return expected_outside(gpus, ctx.world_size, msg.format)
 
 
 def _request_range(msg: OomMessage) -> tuple[tuple[int, int], ...]:

@@ -1,16 +1,19 @@
 """What ``oomlab explain`` reads off a message: the figures' intervals, the request, fragmentation, memory outside
-PyTorch, which listed process is this one, anomalies, tensor candidates, the ``_apply`` walk position, the phase and
-the torch releases."""
+PyTorch against what its GPU should show, which listed process is this one, anomalies, tensor and aggregate candidates,
+the ``_apply`` walk position, the phase and the torch releases."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from oomlab.explanation.aggregate_candidates import AggregateCandidate
 from oomlab.explanation.anomalies import Anomaly
 from oomlab.explanation.candidates import Candidate, WalkPosition
+from oomlab.explanation.context import RunContext
 from oomlab.explanation.frames import Frame
 from oomlab.explanation.message import OomMessage
+from oomlab.explanation.outside import ExpectedOutside
 from oomlab.explanation.phase import TracebackPhase
 from oomlab.explanation.printed import PrintedSize
 from oomlab.explanation.processes import ProcessAccount
@@ -30,10 +33,13 @@ class Findings:
     fragmentation_bytes: int | None
     outside: tuple[int, int] | None  # total − free − reserved, as an interval
     outside_bytes: int | None
+    expected_outside: ExpectedOutside | None  # what the GPU should hold outside PyTorch (None: another backend)
     processes: ProcessAccount  # which listed process is this one; its memory in use and outside PyTorch
     hint_can_help: bool | None  # whether max_split_size_mb / expandable_segments can help (None: cannot tell)
     anomalies: tuple[Anomaly, ...]
     candidates: tuple[Candidate, ...]
+    aggregates: tuple[AggregateCandidate, ...]  # whole copies, partitions, states, buckets, logits ... that match
+    context: RunContext  # what the caller told about the run (world size, strategy, method, batch, seq)
     walk: WalkPosition | None
     phase: TracebackPhase | None
     torch_versions: tuple[str, ...]
@@ -99,6 +105,22 @@ class Findings:
              "names": list(c.names), "roles": list(c.roles), "layers": list(c.layers), "evidence": list(c.evidence)}
             for c in self.candidates
         ]
+        data["aggregates"] = [
+            {"rank": c.rank, "kind": c.aggregate.kind.value, "what": c.aggregate.what,
+             "arithmetic": c.aggregate.arithmetic, "bytes": c.aggregate.nbytes, "span": list(c.aggregate.span),
+             "exact": c.exact, "in_phase": c.in_phase, "solved": c.aggregate.solved, "where": c.aggregate.where,
+             "evidence": list(c.evidence)}
+            for c in self.aggregates
+        ]
+        ctx = self.context
+        data["context"] = {"world_size": ctx.world_size, "strategy": ctx.strategy and ctx.strategy.value,
+                           "method": ctx.method and ctx.method.value,
+                           "optimizer": ctx.optimizer and ctx.optimizer.value, "batch": ctx.batch, "seq": ctx.seq}
+        x = self.expected_outside
+        data["expected_outside"] = None if x is None else {
+            "interval": list(x.interval), "budget_bytes": x.budget_bytes, "basis": x.basis, "parts": x.parts,
+            "multi_gpu_interval": list(x.multi_gpu) if x.multi_gpu else None,
+            "reading": None if self.outside is None else x.reading(self.outside).value}
         w = self.walk
         data["walk"] = None if w is None else {
             "dtype": w.dtype, "matched": w.matched, "index": w.index, "tensor": w.tensor, "shape": list(w.shape),

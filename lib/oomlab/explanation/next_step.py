@@ -6,10 +6,11 @@
   component by component, to see which one outgrew the GPU.
 
 What explain knows is filled in (the model given, the GPU given or the one shipped GPU whose capacity prints as the
-message's total, the precision from the dtype given or replayed, the GPU count when the caller passed it); what it
-cannot know stays a ``<placeholder>`` (the number of GPUs, by default: a message names one GPU, not how many the job
-has).  :func:`next_step_command` is the one place
-that writes the command, for the verdict, the JSON and any later command that wants to point there too.
+message's total, the precision from the dtype given or replayed, the GPU and node counts when the caller passed them,
+and for ``budget`` the strategy, method, optimizer, batch and sequence length told); what it cannot know stays a
+``<placeholder>`` (the number of GPUs, by default: a message names one GPU, not how many the job has).
+:func:`next_step_command` is the one place that writes the command, for the verdict, the JSON and any later command
+that wants to point there too.
 """
 
 from __future__ import annotations
@@ -92,9 +93,21 @@ def next_step(e: Findings) -> NextStep:
         unknown.append("--gpus: the message names one GPU, not how many the job has")
     gpus = str(e.gpus) if e.gpus is not None else PLACEHOLDER_GPUS
     parts = ["python -m oomlab", subcommand.value, "--model", model, "--gpu", gpu, "--gpus", gpus]
+    ctx = e.context
+    if e.gpus is not None and ctx.world_size is not None and ctx.world_size > e.gpus:
+        parts += ["--nodes", str(ctx.world_size // e.gpus)]
     if subcommand is Subcommand.BUDGET:
-        parts += ["--method", PLACEHOLDER_METHOD]
-        unknown.append("--method: full fine-tuning, LoRA or QLoRA is not in the message")
+        if ctx.strategy is not None:
+            parts += ["--strategy", ctx.strategy.value]
+        if ctx.method is not None:
+            parts += ["--method", ctx.method.value]
+        else:
+            parts += ["--method", PLACEHOLDER_METHOD]
+            unknown.append("--method: full fine-tuning, LoRA or QLoRA is not in the message")
+        for flag, value in (("--optimizer", ctx.optimizer and ctx.optimizer.value), ("--batch", ctx.batch),
+                            ("--seq", ctx.seq)):
+            if value is not None:
+                parts += [flag, str(value)]
     if host:
         parts += ["--host-ram", PLACEHOLDER_HOST_RAM]
         unknown.append("--host-ram: the CPU message does not say how much RAM the host has")

@@ -13,11 +13,13 @@ from oomlab.core.choices import MessageFormat
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.size_ranges import format_interval
 from oomlab.core.units import format_size
-from oomlab.explanation.anomalies import FREE_MARGIN_BYTES, OUTSIDE_FLAG_BYTES, TOLD_IN_VERDICT, AnomalyCode
+from oomlab.explanation.aggregate_candidates import allocated_when, render_aggregate
+from oomlab.explanation.anomalies import FREE_MARGIN_BYTES, TOLD_IN_VERDICT, AnomalyCode
 from oomlab.explanation.backend import Backend, backend_terms
 from oomlab.explanation.findings import Findings
 from oomlab.explanation.message import OomMessage
 from oomlab.explanation.next_step import next_step
+from oomlab.explanation.outside import OutsideReading, describe_expected
 from oomlab.explanation.phase import PhaseCode
 from oomlab.explanation.printed import PrintedSize
 from oomlab.explanation.processes import ProcessBasis
@@ -154,11 +156,9 @@ def _device_paragraphs(e: Findings, gpu_spec: GPUSpec | None) -> list[str]:
         else:
             paras.append(f"{frag} is reserved but unallocated, about the request's size: fragmentation may "
                          f"contribute; {hint} may help only marginally.")
-    if e.outside is not None and e.outside[1] >= 0 and e.outside[0] <= OUTSIDE_FLAG_BYTES:
-        paras.append(f"Memory outside this process's PyTorch allocator (total − free − reserved): "
-                     f"{format_interval((max(e.outside[0], 0), e.outside[1]))}, the size of {terms.context} with its "
-                     f"{terms.handles}: "
-                     "nothing else of note held the GPU.")
+    if e.outside is not None and e.outside[1] >= 0 and not any(a.code is AnomalyCode.OUTSIDE_LARGE
+                                                                for a in e.anomalies):
+        paras.append(_outside_paragraph(e))
     paras += _process_paragraphs(e)
     paras += _context_paragraphs(e)
     paras += _backend_paragraphs(m)
@@ -168,6 +168,20 @@ def _device_paragraphs(e: Findings, gpu_spec: GPUSpec | None) -> list[str]:
     elif t is not None:
         paras.append("Give --model to name the tensors that produce this request.")
     return paras
+
+
+def _outside_paragraph(e: Findings) -> str:
+    """Memory outside the allocator that is no anomaly: within (or below) what the GPU should show."""
+    terms = backend_terms(e.message.backend)
+    x = e.expected_outside
+    text = (f"Memory outside this process's PyTorch allocator (total − free − reserved): "
+            f"{format_interval((max(e.outside[0], 0), e.outside[1]))}, the size of {terms.context} with its "
+            f"{terms.handles}" + (" and NCCL's buffers" if x is not None and x.nccl else ""))
+    if x is not None:
+        reading = x.reading(e.outside)
+        text += (f" — within the {describe_expected(x)}" if reading is OutsideReading.WITHIN else
+                 f" — below the {describe_expected(x)}, as early in a run, before every kernel is loaded")
+    return text + ": nothing else of note held the GPU."
 
 
 def _process_paragraphs(e: Findings) -> list[str]:
@@ -304,9 +318,13 @@ def _model_paragraphs(e: Findings, gpu_spec: GPUSpec | None) -> list[str]:
     m, t = e.message, e.message.tried
     if t is None:
         return out
-    if not e.candidates:
+    if not e.candidates and not e.aggregates:
         out.append(f"No parameter tensor of {e.model} gives a {t.text} segment in float32, float16/bfloat16, int8 "
-                   "or 4-bit: the request is something else (activations, a temporary buffer).")
+                   "or 4-bit, and no aggregate of it does (a whole copy, a partition or shard, an optimizer state, a "
+                   "flat buffer or bucket, the logits, a dequantized weight): the request is something else "
+                   "(activations, a temporary buffer).")
+    elif not e.candidates:
+        out.append(f"No single parameter tensor of {e.model} gives a {t.text} segment; aggregates of it do.")
     else:
         shown = e.candidates[:4]
         parts = []
@@ -326,6 +344,7 @@ def _model_paragraphs(e: Findings, gpu_spec: GPUSpec | None) -> list[str]:
             out.append(f"In float32 the same tensor would ask for {format_size(segment_bytes(numel * 4))}.")
         if e.phase is not None and e.phase.code in (PhaseCode.BACKWARD, PhaseCode.OPTIMIZER):
             out.append("In this phase a match may also be that parameter's gradient or optimizer state.")
+    out += _aggregate_paragraphs(e)
     w = e.walk
     if w is not None:
         layer = f" (layer {w.layer} of {w.num_layers}, 0-based)" if w.layer is not None else ""
@@ -351,4 +370,36 @@ def _model_paragraphs(e: Findings, gpu_spec: GPUSpec | None) -> list[str]:
             out.append(f"{need}, about the usable memory of {total}: too close to call from these figures.")
     elif e.phase is not None and e.phase.code is PhaseCode.MOVE and m.allocated is None:
         out.append("The message lacks the allocated figure, so the _apply walk cannot be located.")
+    return out
+
+
+def _aggregate_paragraphs(e: Findings) -> list[str]:
+    """The aggregates whose request sizes match, best supported first, with the evidence for the first.
+
+    Those the traceback's phase rules out are told only when nothing else is (no tensor, no aggregate of the phase),
+    and none when the ``_apply`` replay reached the message's figures exactly: the replay names the tensor.
+    """
+    if not e.aggregates or (e.walk is not None and e.walk.matched):
+        return []
+    listed = [c for c in e.aggregates if c.in_phase is not False]
+    if not listed and e.candidates:
+        return []
+    listed = listed or list(e.aggregates)
+    shown = listed[:4]
+    more = f" — and {len(listed) - len(shown)} more" if len(listed) > len(shown) else ""
+    head = (f"As an aggregate of {e.model}, the {e.message.tried.text if e.message.tried else ''} request matches, "
+            "best supported first: ")
+    out = [head + "; ".join(f"{i}. {render_aggregate(c)}" for i, c in enumerate(shown, 1)) + more + "."]
+    top = shown[0]
+    out.append(f"Why {top.aggregate.what} comes first: " + "; ".join(top.evidence[1:]) + ".")
+    if top.in_phase is False:
+        out.append(f"None of them is allocated in {e.phase.text if e.phase else 'this phase'}: the arithmetic "
+                   "matches, the moment does not.")
+    strategy = e.context.strategy
+    ruled = [c for c in e.aggregates if c.in_phase is False and top.in_phase and c.aggregate.nbytes ==
+             top.aggregate.nbytes and (strategy is None or c.aggregate.strategies is None
+                                       or strategy in c.aggregate.strategies)][:2]
+    if ruled:
+        out.append("Of the same size but ruled out by the phase: " + "; ".join(
+            f"{c.aggregate.what}, {allocated_when(c.aggregate.phases)}" for c in ruled) + ".")
     return out
