@@ -135,9 +135,12 @@ def otherwise_sentence(rec: Remedy, rank: int, note: str, esc: Callable[[str], s
 
 def render_plan(plan: Plan, top: int = 15) -> str:
     """Plain text for the CLI: the user's configuration, the ranked remedies, the knob table, the assumptions."""
+    at = f"micro-batch {plan.configured.setup.batch}" if plan.configured.setup is not None else "the micro-batch"
     lines = [f"{plan.model} on {plan.nodes * plan.gpus} x {plan.gpu}, seq {plan.seq}, host RAM "
-             f"{format_size(plan.host_ram_bytes)}: {len(plan.fitting)} of {len(plan.remedies)} remedies fit "
-             f"({len(plan.dropped)} dropped)", ""]
+             f"{format_size(plan.host_ram_bytes)}: {len(plan.fitting)} of {len(plan.remedies)} remedies fit at the "
+             f"configured {at} ({len(plan.dropped)} dropped)"
+             + (f"; the ladder's fix (row 1) changes {', '.join(s.rung.value for s in plan.decision.steps)}"
+                if plan.fix is not None else ""), ""]
     for row in remedy_rows(plan.configured, plan.shown, top):
         idx, name, launch, fits, peak, head, host, mb, ms, tps, why = row
         lines.append(f"{idx:>4}  {name}")

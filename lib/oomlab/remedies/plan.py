@@ -409,6 +409,17 @@ def _ladder_suffix(base: TrainingSetup, decision: Decision) -> str:
     return "".join(f" · {p}" for p in parts)
 
 
+def plan_for(setup: TrainingSetup, host_ram: str | int | None = HOST_RAM_AUTO, *,
+             assumptions: Assumptions = DEFAULT_ASSUMPTIONS, outside_bytes: int | None = None) -> Plan:
+    """:func:`make_plan` of a typed setup: the user's run as read (``check``, the pipeline's setup record) is the
+    plan's configured row, the ladder's start and the knob table's baseline."""
+    s = setup
+    return make_plan(s.model, s.gpu, s.gpus, s.nodes, host_ram, s.seq, batch=s.batch, precision=s.precision.value,
+                     optimizer=s.optimizer.value, checkpointing=s.checkpointing, attention=s.attention.value,
+                     lora_rank=s.lora_rank, strategy=s.strategy, method=s.method, lora_targets=s.lora_targets,
+                     lora_alpha=s.lora_alpha, assumptions=assumptions, outside_bytes=outside_bytes)
+
+
 def distinct_top(plan: Plan, n: int = 3) -> tuple[Remedy, ...]:
     """The best recommendable remedy of each (route, strategy, method), best first, ``n`` of them."""
     seen, out = set(), []
