@@ -379,3 +379,18 @@ def test_plan_and_check_as_functions_answer_as_the_cli(capsys) -> None:
     result = oomlab.check(gpu="t4", launch=launch, model="llama-13b")
     assert main(["check", "--gpu", "t4", "--launch", launch, "--model", "llama-13b", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(result.to_dict(), default=str))
+
+
+def test_plan_takes_the_users_run(capsys) -> None:
+    """``plan --strategy --method`` and ``plan --launch-dir`` make the user's run the first row ("configured"); more
+    than one --method without --any-gpu is refused naming the choices (exit 2)."""
+    assert main(["plan", "--model", "qwen2.5-7b", "--gpu", "l4", "--gpus", "2", "--strategy", "fsdp2", "--method",
+                 "lora", "--precision", "bf16-mixed", "--json"]) == 0
+    configured = json.loads(capsys.readouterr().out)["configured"]
+    assert (configured["strategy"], configured["method"]) == ("fsdp2", "lora")
+    twin = Path(__file__).parent / "fixtures" / "open-assistant" / "seed"
+    assert main(["plan", "--launch-dir", str(twin), "--model", "llama-13b", "--gpu", "t4", "--json"]) == 0
+    configured = json.loads(capsys.readouterr().out)["configured"]
+    assert (configured["strategy"], configured["checkpointing"]) == ("zero2", True)
+    assert main(["plan", "--method", "lora", "--method", "full"]) == 2
+    assert "full, lora, qlora" in capsys.readouterr().err

@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pln = sub.add_parser("plan", help="every remedy for training the model on these GPUs: budgeted, ranked, "
                          "with the knob table and the launch files", formatter_class=_Formatter)
-    pln.add_argument("--model", default=DEFAULTS.model, help=_model_help())
+    pln.add_argument("--model", default=DEFAULTS.model, action=_StoreGiven, help=_model_help())
     pln.add_argument("--gpu", default=DEFAULTS.gpu, action=_StoreGiven, help=_gpu_help())
     pln.add_argument("--gpus", type=_positive_int, default=DEFAULTS.gpus, action=_StoreGiven,
                      help="GPUs per node")
@@ -248,7 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="search every GPU type x 1, 2, 4, ... --max-gpus GPUs: the best remedy on each, ranked "
                      "by cost per token, speed and GPU count")
     pln.add_argument("--method", choices=[m.value for m in Method], action="append", default=None,
-                     help="with --any-gpu: the methods the search may use (repeatable; default: every method)")
+                     help="the user's method (default: full); with --any-gpu: the methods the search may use "
+                     "(repeatable; default: every method)")
+    pln.add_argument("--strategy", choices=[s.value for s in Strategy], default=None,
+                     help="the user's strategy (default: ddp, one process on one GPU)")
+    pln.add_argument("--launch-dir", type=_path, default=None, metavar="DIR",
+                     help="a folder of the user's launch files (as check --launch-dir reads them): the plan's first "
+                     "row is that run; --gpu names the GPU")
     pln.add_argument("--max-gpus", type=_positive_int, default=8, help="with --any-gpu: the most GPUs per node")
     pln.add_argument("--prices", type=_path, default=None, metavar="FILE",
                      help="with --any-gpu: a price table JSON ({'instances': [{provider, instance, gpu, "
@@ -370,8 +376,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
+    from oomlab.budget.api import estimate
     from oomlab.budget.display import render_budget
-    from oomlab.budget.estimate import estimate
 
     result = estimate(source=args.source, **setup_kwargs(args))
     print(json.dumps(result.to_dict(), indent=2) if args.json else render_budget(result))
@@ -403,18 +409,30 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     if args.any_gpu:
         return _cmd_plan_any_gpu(args)
-    for flag, value in (("--method", args.method), ("--prices", args.prices)):
-        if value is not None:
-            raise InvalidValueError(f"{flag} applies to plan --any-gpu only (got {flag} {value}); the plan of one "
-                                    "GPU type ranks every method")
+    if args.prices is not None:
+        raise InvalidValueError(f"--prices applies to plan --any-gpu only (got --prices {args.prices})")
+    if args.method is not None and len(args.method) > 1:
+        raise InvalidValueError(f"--method names the user's one method without --any-gpu (got {', '.join(args.method)})"
+                                "; give one of full, lora, qlora, or add --any-gpu to search several")
     if args.write_configs is not None:  # an existing file is refused before the plan (its contents need the plan)
         from oomlab.remedies.launch_dir import check_destination
 
         check_destination(args.write_configs, {})
 
-    plan = make_plan(model=args.model, gpu=args.gpu, gpus=args.gpus, nodes=args.nodes, host_ram=args.host_ram,
-                     seq=args.seq, batch=args.batch, precision=args.precision, optimizer=args.optimizer,
-                     checkpointing=args.checkpointing, lora_rank=args.lora_rank)
+    if args.launch_dir is not None:  # the user's run as check reads it: the plan's configured row
+        from oomlab.launch.inputs import check_inputs
+        from oomlab.launch.resolve import read_launch
+        from oomlab.remedies.plan import plan_for
+
+        inputs = check_inputs(launch_dir=args.launch_dir, gpu=args.gpu,
+                              gpus=args.gpus if getattr(args, "gpus_given", False) else None,
+                              model=args.model if getattr(args, "model_given", False) else None)
+        plan = plan_for(read_launch(inputs).setup, host_ram=args.host_ram)
+    else:
+        plan = make_plan(model=args.model, gpu=args.gpu, gpus=args.gpus, nodes=args.nodes, host_ram=args.host_ram,
+                         seq=args.seq, batch=args.batch, precision=args.precision, optimizer=args.optimizer,
+                         checkpointing=args.checkpointing, lora_rank=args.lora_rank, strategy=args.strategy,
+                         method=args.method[0] if args.method else DEFAULTS.method)
     written = None
     if args.write_configs is not None:
         from oomlab.remedies.launch_dir import write_configs

@@ -28,6 +28,8 @@ from oomlab.core.units import GiB, MiB, format_size
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.remedies.hardware import HardwareSearch, search_hardware
 from oomlab.remedies.hardware_display import HARDWARE_HEADERS
+from oomlab.remedies.ladder import Decision, climb
+from oomlab.remedies.remedy import Evaluator
 from oomlab.report import hardware as report_hardware
 from oomlab.report.figures import FIT_COLORS, PALETTE
 from oomlab.report.tables import html_table
@@ -89,6 +91,7 @@ class Exploration:
     result: BudgetResult | None  # None when the choices are invalid
     error: str | None  # the validation error's message when they are
     largest_batch: int | None  # largest micro-batch that fits per GPU; None if invalid or not even 1 fits
+    decision: Decision | None = None  # the ladder on these choices (check's and plan's decision procedure)
 
     @property
     def host_ram_fits(self) -> bool | None:
@@ -140,7 +143,8 @@ def explore(choices: Choices) -> Exploration:
     except OomlabError as err:
         return Exploration(choices=choices, result=None, error=str(err), largest_batch=None)
     return Exploration(choices=choices, result=estimate_setup(setup, choices.outside_bytes), error=None,
-                       largest_batch=largest_micro_batch(setup, outside_bytes=choices.outside_bytes))
+                       largest_batch=largest_micro_batch(setup, outside_bytes=choices.outside_bytes),
+                       decision=climb(setup, Evaluator(choices.host_ram_bytes, choices.outside_bytes)))
 
 
 # ------------------------------------------------------------------------------------------ display
@@ -175,14 +179,32 @@ def render_verdict(exploration: Exploration) -> list[str]:
         batch_line = f"Largest micro-batch that fits: {MAX_BATCH_SEARCH} or more at sequence length {s.seq}."
     else:
         batch_line = f"Largest micro-batch that fits: {exploration.largest_batch} at sequence length {s.seq}."
-    return [gpu_line, host_line, batch_line]
+    return [gpu_line, host_line, batch_line, *decision_lines(exploration.decision)]
+
+
+def decision_lines(decision: Decision | None) -> list[str]:
+    """The one decision ``check`` and ``plan`` give for the same run: the verdict with the margin, and the least
+    disruptive fix when it needs one."""
+    if decision is None:
+        return []
+    v = decision.verdict
+    lines = [f"With the margin this setup class needs ({v.margin.words}): {v.word}."]
+    if not v.fits:
+        if decision.steps:
+            lines.append("Least disruptive fix: " + "; ".join(s.words for s in decision.steps)
+                         + (f" (micro-batch {decision.setup.batch} x accumulation {decision.accumulation})"
+                            if decision.accumulation > 1 else "") + ".")
+        else:
+            lines.append("Nothing on the ladder fits with the margin.")
+    return lines
 
 
 def render_verdict_html(exploration: Exploration) -> str:
     """:func:`render_verdict` as escaped HTML: the GPU and host-RAM lines green when they fit, else red."""
     lines = [html.escape(line) for line in render_verdict(exploration)]
     r = exploration.result
-    colours = [RED] if r is None else [exploration.colour, GREEN if exploration.host_ram_fits else RED, ""]
+    colours = [RED] if r is None else [exploration.colour, GREEN if exploration.host_ram_fits else RED, "",
+                                        *[""] * len(decision_lines(exploration.decision))]
     spans = [f'<span style="color:{colour}">{line}</span>' if colour else line
              for line, colour in zip(lines, colours, strict=True)]
     spans[0] = f"<b>{spans[0]}</b>"
