@@ -15,7 +15,7 @@ import statistics
 import time
 
 import oomlab
-from oomlab.budget import estimate as estimate_module
+from oomlab.budget import api
 from oomlab.budget.analytic import estimate_setup
 from oomlab.core.models import load_model
 from oomlab.core.setup import make_setup
@@ -76,7 +76,7 @@ def main() -> None:
             oomlab.estimate(**kw)
             public.append(time.perf_counter() - t)
         kw = kwargs[len(cold) % len(kwargs)]
-        estimate_module._validated_setup.cache_clear()  # noqa: SLF001 - time a first call: lookup and validation
+        api._validated_setup.cache_clear()  # noqa: SLF001 - time a first call: lookup and validation
         t = time.perf_counter()
         oomlab.estimate(**kw)
         cold.append(time.perf_counter() - t)

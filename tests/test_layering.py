@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
+import os
 import pkgutil
 import re
 import subprocess
@@ -198,6 +200,57 @@ def test_top_level_functions_stay_callable_after_every_import(name: str) -> None
         if not info.name.endswith("__main__"):
             importlib.import_module(info.name)
     assert callable(getattr(oomlab, name)) and not isinstance(getattr(oomlab, name), type(oomlab))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_no_stage_export_is_named_like_one_of_its_modules(stage: str) -> None:
+    """A name a stage's ``__init__`` exports is none of its modules' names: importing that module would rebind the
+    package attribute to the module (why ``estimate`` lives in ``budget/api.py``)."""
+    package = importlib.import_module(f"oomlab.{stage}")
+    modules = {info.name for info in pkgutil.iter_modules(package.__path__)}
+    assert package.__all__ and sorted(set(package.__all__) & modules) == []
+
+
+def test_stage_exports_resolve_and_reach_no_later_stage() -> None:
+    """Every name of every stage's ``__all__`` resolves; resolving stages in order, in a fresh interpreter, loads no
+    module of a later stage (an ``__init__`` of a lower stage imports no higher one)."""
+    code = ("import importlib, json, sys\n"
+            f"stages = {STAGES!r}\n"
+            "found = {}\n"
+            "for rank, stage in enumerate(stages):\n"
+            "    package = importlib.import_module('oomlab.' + stage)\n"
+            "    missing = [n for n in package.__all__ if getattr(package, n, None) is None]\n"
+            "    later = sorted(m for m in sys.modules if m.split('.')[0] == 'oomlab' and len(m.split('.')) > 1\n"
+            "                   and m.split('.')[1] in stages[rank + 1:])\n"
+            "    found[stage] = [missing, later]\n"
+            "print(json.dumps(found))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {stage: [[], []] for stage in STAGES}
+
+
+def test_importing_every_stage_loads_none_of_their_modules() -> None:
+    """``import oomlab.<stage>`` loads the package alone (its exports load on first use): no module more than
+    ``import oomlab`` loads, and no torch."""
+    code = ("import sys, oomlab\n"
+            "before = set(sys.modules)\n"
+            f"for stage in {STAGES!r}:\n"
+            "    __import__('oomlab.' + stage)\n"
+            "print(sorted(set(sys.modules) - before), 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == f"{sorted(f'oomlab.{s}' for s in STAGES if s != 'core')} False"
+
+
+def test_budget_estimate_is_the_function() -> None:
+    """``from oomlab.budget import estimate`` is the function (``oomlab.estimate``), and ``oomlab.budget.api`` the
+    module that defines it, whatever was imported before."""
+    import oomlab.budget.api as api
+    from oomlab.budget import estimate
+
+    assert callable(estimate) and not isinstance(estimate, type(oomlab))
+    assert estimate is api.estimate is oomlab.estimate and estimate.__module__ == "oomlab.budget.api"
 
 
 def test_reproduce_after_importing_the_pipeline() -> None:

@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 # name -> (module, function); no submodule of this package carries one of these names, so importing any
 # submodule can never shadow them (a submodule import sets an attribute of the same name on the package).
 _ENTRY_POINTS = {
-    "estimate": ("oomlab.budget.estimate", "estimate"),
+    "estimate": ("oomlab.budget.api", "estimate"),
     "reproduce": ("oomlab.reproduction.replay", "reproduce"),
     "explain": ("oomlab.explanation.explain", "explain"),
     "plan": ("oomlab.remedies.plan", "make_plan"),

@@ -16,7 +16,7 @@ def test_trace_sources_follow_the_tracers_imports() -> None:
     sources = traced.trace_sources()
     assert set(traced.TRACE_SOURCE_ROOTS) <= set(sources)
     assert "result" in sources  # tracker.py imports MemCategory, Phase from it
-    assert not {"analytic", "agreement", "estimate", "workspace", "fsdp", "states", "activations"} & set(sources)
+    assert not {"analytic", "agreement", "api", "workspace", "fsdp", "states", "activations"} & set(sources)
     assert list(sources) == sorted(sources)
 
 

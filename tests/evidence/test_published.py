@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from oomlab.budget.estimate import estimate
+from oomlab.budget.api import estimate
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.budget.states import lora_parameters
 from oomlab.core.dtypes import load_dtype

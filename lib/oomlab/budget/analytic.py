@@ -1,7 +1,7 @@
 """The analytic training-memory budget: bytes per GPU, component by component, phase by phase, in microseconds.
 
 :func:`estimate_setup` budgets one validated :class:`~oomlab.core.setup.TrainingSetup` (the public
-:func:`oomlab.budget.estimate.estimate` validates names into one first): it takes the setup's inventory
+:func:`oomlab.budget.api.estimate` validates names into one first): it takes the setup's inventory
 (:mod:`.inventory`: model states from :mod:`.states` through the sharding table of :mod:`.sharding`, activations
 from :mod:`.activations`, buffers from :mod:`.workspace`), assembles the phases, and adds what ``memory_allocated``
 does not see (allocator overhead, memory outside PyTorch).  Activations are what transformers saves (not

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from oomlab.budget.estimate import estimate
+from oomlab.budget.api import estimate
 from oomlab.budget.inventory import model_states
 from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
 from oomlab.core.choices import Optimizer, Precision, Strategy

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from oomlab.budget.analytic import ALLOCATOR_FRAGMENTATION
-from oomlab.budget.estimate import estimate
+from oomlab.budget.api import estimate
 from oomlab.budget.result import BudgetResult, MemCategory
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.files import write_text_atomic

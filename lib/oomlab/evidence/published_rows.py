@@ -172,7 +172,7 @@ class PublishedRow:
     compared_as: MetricKind  # the kind whose figure it is compared with (metric_kind unless that is UNKNOWN)
     compared_as_because: str | None  # why, for an UNKNOWN counter
     length: Length
-    setup_kwargs: Mapping[str, Any]  # keyword arguments of oomlab.budget.estimate.estimate
+    setup_kwargs: Mapping[str, Any]  # keyword arguments of oomlab.budget.estimate
     not_estimated_because: str | None
     unmodelled: tuple[Unmodelled, ...]
     note: str
