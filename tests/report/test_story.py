@@ -211,3 +211,15 @@ def test_story_re_exports_no_headers() -> None:
     assert not any(hasattr(story, name) for name in ("VERIFY_HEADERS", "CHECK_HEADERS", "KNOB_HEADERS",
                                                       "is_seed_figures"))
     assert story.is_seed_case is seed.is_seed_case
+
+
+def test_the_accuracy_statement_cites_the_setup_class_on_real_gpus() -> None:
+    """The report's accuracy claim is the published real-GPU evidence for the user's method (the margin's source),
+    not the trace agreement on fake tensors (issue 22)."""
+    from oomlab.core.setup import make_setup
+    from oomlab.remedies.margin import margin_for
+
+    m = margin_for(make_setup(model="llama-2-7b", gpus=1, method="lora"))
+    text = story.accuracy({"plan": {"decision": {"verdict": {"margin": m.to_dict()}}}})
+    assert "For lora runs" in text and m.worst_row in text and f"{m.fraction:.0%} margin" in text
+    assert "MemTracker" not in text and "±" not in text

@@ -114,6 +114,7 @@ def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None
         "verification": {name: v.to_dict() for name, v in checks.items()},
         "assumptions": list(plan.assumptions),
         "outcome": plan.outcome.value,
+        "decision": None if plan.decision is None else plan.decision.to_dict(),  # the ladder: verdict, margin, steps
         "verdict_markdown": verdict(plan),
         "recommendation_note": plan.recommendation_note,
         "recommended_rank": None if rec is None else plan.shown.index(rec) + 1,
