@@ -18,7 +18,7 @@ from oomlab.core.paths import MODEL_SPECS_DIR, SPECS_DIR
 from oomlab.core.resolved import config_digest
 
 REPLICA_RESERVED = SPECS_DIR / "replica-reserved.json"
-SHIPPED_DTYPES = ("float16",)  # the plan's seed row: the fp16 replica each process moves to its GPU
+SHIPPED_DTYPES = ("float16",)  # the plan's configured row: the fp16 replica each process moves to its GPU
 
 
 @cache
