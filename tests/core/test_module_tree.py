@@ -104,3 +104,14 @@ def test_tree_reads_like_a_module():
     assert [(n, e.dtype_in("bfloat16")) for n, e in tree.named_buffers()] == [("scale", "float32")]
     with pytest.raises(KeyError):
         root.child("c")
+
+
+def test_building_a_model_leaves_its_fields_as_read():
+    """transformers writes rope_theta into the rope_scaling dict it is given: a spec's own fields must not change
+    with it, or its digest no longer finds the committed tree (llama-3.1-8b's was re-derived after any build)."""
+    from oomlab.core.resolved import config_digest
+
+    spec = load_model("llama-3.1-8b")
+    before = config_digest(spec.config)
+    meta_model(spec)
+    assert config_digest(spec.config) == before and "rope_theta" not in spec.config["rope_scaling"]

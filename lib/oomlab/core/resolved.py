@@ -9,6 +9,7 @@ prints it from the installed transformers; ``tests/core/test_resolved.py`` re-de
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import sys
@@ -35,11 +36,13 @@ _BOOKKEEPING = ("transformers_version", "_name_or_path", "id2label", "label2id",
 
 
 def config_object(model_type: str, raw: Mapping[str, Any]) -> Any:
-    """``AutoConfig.for_model(model_type, **fields)`` over a ``config.json``'s fields (``_``-keys and the custom-code
-    ``auto_map`` left out), transformers' chatter silenced."""
+    """``AutoConfig.for_model(model_type, **fields)`` over a copy of a ``config.json``'s fields (``_``-keys and the
+    custom-code ``auto_map`` left out), transformers' chatter silenced.  A copy: transformers writes into the nested
+    dicts it is given (``rope_scaling`` gains ``rope_theta``), which would change the spec's own fields and so their
+    digest, the key of every committed table."""
     from transformers import AutoConfig  # the trace, the instruments and user config paths only
 
-    fields = {k: v for k, v in raw.items() if not k.startswith("_") and k not in _NOT_CONFIG_FIELDS}
+    fields = copy.deepcopy({k: v for k, v in raw.items() if not k.startswith("_") and k not in _NOT_CONFIG_FIELDS})
     for legacy, key in LEGACY_KEYS.get(model_type, {}).items():
         if legacy in fields:
             value = fields.pop(legacy)
