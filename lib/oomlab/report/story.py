@@ -301,9 +301,13 @@ def recommended_fix(r: dict[str, Any]) -> str:
     rec = plan.get("recommended")
     if not rec:
         return "No remedy fits, so there is nothing to launch."
+    steps = (plan.get("decision") or {}).get("steps") or []
+    rungs = "\n".join(f"- **{md_text(s['rung'])}** — {md_text(s['kind'])}: {md_text(s['cost'])}" for s in steps)
+    ladder = ("\n\nThe least disruptive change that fits with the margin, rung by rung (each kept only if the fit "
+              f"needs it):\n\n{rungs}\n\n") if steps else " "
     return (f"**{md_text(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
-            f"{format_size(rec['host_ram_bytes'])}. The files are in {md_code(plan['config_dir'])} (the training "
-            f"script `train.py`, `LAUNCH.md` with every command); run there:\n\n"
+            f"{format_size(rec['host_ram_bytes'])}.{ladder}The files are in {md_code(plan['config_dir'])} (the "
+            f"training script `train.py`, `LAUNCH.md` with every command); run there:\n\n"
             f"<pre>{esc(shell_lines(plan['launch_command']))}</pre>")
 
 
