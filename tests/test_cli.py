@@ -153,6 +153,13 @@ NOT_THE_REGISTRYS = {
     ("check", "gpu"): "required",
     ("check", "gpus"): "from the launch files",
     ("plan", "method"): "plan --any-gpu's methods: every method unless given",
+    ("plan", "strategy"): "None: core.defaults.launch_strategy (the default launch, single on one GPU)",
+    ("explain", "gpus"): "not known unless given: partitions are solved over powers of two",
+    ("explain", "batch"): "not known unless given: the logits' b x s is solved",
+    ("explain", "seq"): "not known unless given: the logits' b x s is solved",
+    ("explain", "strategy"): "not known unless given: it ranks the aggregates",
+    ("explain", "method"): "not known unless given: it ranks the aggregates",
+    ("explain", "optimizer"): "not known unless given: it ranks the aggregates",
     ("budget", "strategy"): "None: core.defaults.launch_strategy (the default launch, single on one GPU)",
 }
 
@@ -224,7 +231,7 @@ def test_plan_any_gpu_json(capsys) -> None:
     (["plan", "--any-gpu", "--gpus", "2"], "drop --gpus (got --gpus 2)"),
     (["plan", "--any-gpu", "--prices", "/nonexistent.json"], "price table '/nonexistent.json': file not found"),
     (["plan", "--prices", "p.json"], "--prices applies to plan --any-gpu only (got --prices p.json)"),
-    (["plan", "--method", "lora"], "--method applies to plan --any-gpu only"),
+    (["plan", "--method", "lora", "--method", "qlora"], "--method names the user's one method without --any-gpu"),
 ])
 def test_plan_any_gpu_bad_input(argv: list[str], message: str, capsys) -> None:
     """Bad --any-gpu input exits 2 naming the value, before any search."""

@@ -310,17 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _aligned(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
-    """Rows as lines of left-aligned columns (layout only: the words are the rows')."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [indent + "  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-
-
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from oomlab.core.units import format_size
     from oomlab.reproduction import summary
     from oomlab.reproduction.replay import reproduce
-    from oomlab.reproduction.result import compare_with_seed
 
     result = reproduce(
         model=args.model,
@@ -330,20 +322,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         device=args.device,
         message_format=args.message_format,
     )
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-        return 0
-    print(f"model {result.model} in {result.dtype} -> one {result.gpu} ({result.device})")
-    if result.raised:
-        print(f"raised {result.exception}: {result.message}")
-    else:
-        print(f"no error: allocated {format_size(result.allocated_bytes)}, "
-              f"reserved {format_size(result.reserved_bytes)}, free {format_size(result.free_bytes)}")
-    print("\n".join(_aligned(summary.facts(result))))
-    if result.raised:
-        print("frames (innermost last): " + " > ".join(result.frames))
-    if summary.is_seed_result(result) and result.raised:
-        print("\n".join(_aligned([summary.SEED_HEADERS, *summary.seed_rows(compare_with_seed(result))])))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else summary.render_text(result))
     return 0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from oomlab.core import seed
 from oomlab.core.dtypes import load_dtype
@@ -10,7 +10,7 @@ from oomlab.core.gpus import known_gpus, load_gpu
 from oomlab.core.markdown import md_text
 from oomlab.core.seed import seed_report_text
 from oomlab.core.units import format_size
-from oomlab.reproduction.result import FigureComparison, ReproduceResult
+from oomlab.reproduction.result import FigureComparison, ReproduceResult, compare_with_seed
 from oomlab.reproduction.walk import unlimited_walk
 
 
@@ -118,3 +118,26 @@ def decoding_target(result: ReproduceResult) -> tuple[str, str] | None:
     if result.message:
         return "the reproduced message", result.message
     return None
+
+
+def _aligned(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Rows as lines of left-aligned columns (layout only: the words are the rows')."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def render_text(result: ReproduceResult) -> str:
+    """``python -m oomlab reproduce``'s plain-text answer: the case, the error or the room left, the facts, the
+    frames, and for the seed's case its message beside the reproduction."""
+    lines = [f"model {result.model} in {result.dtype} -> one {result.gpu} ({result.device})"]
+    if result.raised:
+        lines.append(f"raised {result.exception}: {result.message}")
+    else:
+        lines.append(f"no error: allocated {format_size(result.allocated_bytes)}, "
+                     f"reserved {format_size(result.reserved_bytes)}, free {format_size(result.free_bytes)}")
+    lines += _aligned(facts(result))
+    if result.raised:
+        lines.append("frames (innermost last): " + " > ".join(result.frames))
+    if is_seed_result(result) and result.raised:
+        lines += _aligned([SEED_HEADERS, *seed_rows(compare_with_seed(result))])
+    return "\n".join(lines)
