@@ -295,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--gpus", type=_positive_int, default=None, help="GPUs per node (none: as the launch says)")
     chk.add_argument("--host-ram", type=_host_ram_argument, default=_P["host_ram"].default,
                      help="host RAM per node, with its unit (an assumption unless given)")
+    chk.add_argument("--message", type=_path, default=None, metavar="FILE",
+                     help="the user's OOM message (and traceback): set against the budget of the launch as read")
     chk.add_argument("--json", action="store_true", help="print the answer as JSON")
     chk.add_argument("--markdown", action="store_true", help="print a reply to paste under the user's GitHub issue")
 
@@ -456,7 +458,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     result = check(launch=args.launch, launch_dir=args.launch_dir, accelerate_config=args.accelerate_config,
                    deepspeed=args.deepspeed, training_args=args.training_args, adapter_config=args.adapter_config,
                    quantization_config=args.quantization_config, model=args.model, gpu=args.gpu, gpus=args.gpus,
-                   host_ram=args.host_ram)
+                   host_ram=args.host_ram, message=args.message)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     elif args.markdown:

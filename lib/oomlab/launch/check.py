@@ -21,7 +21,9 @@ from oomlab.core.errors import InvalidValueError
 from oomlab.core.prices import HostRam, resolve_host_ram
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import ceil_div, format_size
+from oomlab.core.user_input import read_user_text
 from oomlab.launch.inputs import check_inputs
+from oomlab.launch.message import MessageReading, read_message
 from oomlab.launch.origin import OriginKind
 from oomlab.launch.paths import ROWS, LoadPath, load_path_of
 from oomlab.launch.read import LaunchInputs, UserLaunch
@@ -88,6 +90,7 @@ class CheckResult:
     smallest_fix: Fix | None  # None when it fits with the margin, or when nothing on the ladder does
     host_ram: HostRam
     decision: Decision  # the ladder's verdict (fits / tight / does not fit, with the margin) and its steps
+    message: MessageReading | None = None  # the user's OOM message against this budget (``--message``)
 
     @property
     def host_ram_bytes(self) -> int:
@@ -109,7 +112,8 @@ class CheckResult:
                 "setup": {"gpu": s.gpu.name, **self.launch.to_dict()},
                 "smallest_fix": None if self.smallest_fix is None else self.smallest_fix.to_dict(),
                 "host_ram_bytes": self.host_ram_bytes, "host_ram": self.host_ram.text,
-                "verdict": self.decision.verdict.word, "decision": self.decision.to_dict()}
+                "verdict": self.decision.verdict.word, "decision": self.decision.to_dict(),
+                "message": None if self.message is None else self.message.to_dict()}
 
 
 def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> LoadCheck:
@@ -276,9 +280,10 @@ def decide(launch: UserLaunch, host_ram_bytes: int) -> Decision:
 
 
 def check_launch(inputs: LaunchInputs, host_ram: str | int | None = None,
-                 launch: UserLaunch | None = None) -> CheckResult:
+                 launch: UserLaunch | None = None, message: str | None = None) -> CheckResult:
     """Read the launch (unless given), check its load and its step, and find the smallest fix (``host_ram``: per
-    node, with its unit; None or ``"auto"``: assumed from the instance that carries these GPUs)."""
+    node, with its unit; None or ``"auto"``: assumed from the instance that carries these GPUs); ``message``: the
+    text of the user's OOM message, set against the budget (:mod:`oomlab.launch.message`)."""
     launch = launch or read_launch(inputs)
     setup = launch.setup
     host = resolve_host_ram(host_ram, setup.gpu.name, setup.gpus)
@@ -288,7 +293,9 @@ def check_launch(inputs: LaunchInputs, host_ram: str | int | None = None,
     budget = estimate_setup(setup, deepspeed=settings)
     fails_at, phase = _phase(load, budget, host.host_ram_bytes)
     decision = decide(launch, host.host_ram_bytes)
-    return CheckResult(launch, load, budget, fails_at, phase, smallest_fix(launch, decision), host, decision)
+    reading = None if message is None else read_message(launch, message)[0]
+    return CheckResult(launch, load, budget, fails_at, phase, smallest_fix(launch, decision), host, decision,
+                       reading)
 
 
 def other_launches(launch: UserLaunch) -> list[tuple[str, str, str, str]]:
@@ -322,10 +329,11 @@ def other_launches(launch: UserLaunch) -> list[tuple[str, str, str, str]]:
 def check(*, gpu: str, launch: str | None = None, launch_dir: str | None = None, accelerate_config: str | None = None,
           deepspeed: str | None = None, training_args: str | None = None, adapter_config: str | None = None,
           quantization_config: str | None = None, model: str | None = None, gpus: int | None = None,
-          host_ram: str | int | None = None) -> CheckResult:
+          host_ram: str | int | None = None, message: str | None = None) -> CheckResult:
     """``python -m oomlab check`` as a function: the user's launch (a command line, a folder of launch files, or the
     files one by one) read on ``gpu`` and checked (:func:`check_launch`); a bad name or file raises naming it."""
     inputs = check_inputs(launch=launch, launch_dir=launch_dir, accelerate_config=accelerate_config,
                           deepspeed=deepspeed, training_args=training_args, adapter_config=adapter_config,
                           quantization_config=quantization_config, model=model, gpu=gpu, gpus=gpus)
-    return check_launch(inputs, host_ram=host_ram)
+    text = None if message is None else read_user_text(message, "OOM message")  # a file: bounded, refused clearly
+    return check_launch(inputs, host_ram=host_ram, message=text)

@@ -74,6 +74,8 @@ def render_check(result: CheckResult) -> str:
     """The plain-text answer."""
     lines = [verdict(result), "", "setup (origin of each field):"]
     lines += [f"  {name:<14} {value:<28} {origin}" for name, value, origin in setup_rows(result.launch)]
+    if result.message is not None:
+        lines += ["", f"the message: {result.message.sentence}"]
     lines += ["", f"load: {result.load.detail}", "", "per GPU:"]
     lines += [f"  {label:<36} {value:>12}" for label, value in per_gpu_rows(result)]
     fix = result.smallest_fix
@@ -95,7 +97,10 @@ def render_check(result: CheckResult) -> str:
 
 def render_markdown(result: CheckResult) -> str:
     """A short GitHub reply: verdict, launch path, per-GPU table, fix with its launch command, assumptions."""
-    out = [f"**Verdict.** {verdict(result, md_text)}", "", f"**Launch path.** {traceback_sentence(result)}", "",
+    out = [f"**Verdict.** {verdict(result, md_text)}", ""]
+    if result.message is not None:
+        out += [f"**The message.** {md_text(result.message.sentence)}", ""]
+    out += [f"**Launch path.** {traceback_sentence(result)}", "",
            markdown_table(("per GPU", ""), [(label.strip(), value) for label, value in per_gpu_rows(result)],
                           right=(1,))]
     fix = result.smallest_fix
