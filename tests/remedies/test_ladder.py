@@ -87,3 +87,14 @@ def test_the_margins_file_is_current() -> None:
     from oomlab.evidence.margins import margins_data, render
 
     assert render(margins_data()) == MARGINS_JSON.read_text()
+
+
+def test_more_gpus_of_the_same_kind_before_changing_what_is_trained() -> None:
+    """13B full fine-tuning, FSDP over 2 x A100-40GB with 64 GiB of host RAM (offload cannot hold the states): the
+    fewest A100-40GBs that hold the shards, before LoRA; the global batch kept by less accumulation."""
+    setup = make_setup(model="llama-2-13b", gpu="a100-40gb", gpus=2, strategy="fsdp", precision="bf16-mixed",
+                       batch=1, seq=2048, checkpointing=True)
+    fix = climb(setup, Evaluator(64 * 2**30, None))
+    rungs = [s.rung for s in fix.steps]
+    assert Rung.MORE_GPUS in rungs and fix.setup.method is Method.FULL, fix.tried
+    assert fix.setup.gpus in (4, 8) and fix.setup.gpu.name == "a100-40gb"

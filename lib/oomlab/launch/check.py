@@ -180,6 +180,7 @@ def _change(step: Step) -> tuple[str, str]:
         return "batch", f"{s.batch} (gradient accumulation x{step.accumulation}: the same global batch)"
     knob = {Rung.FUSED_OPTIMIZER: "optimizer", Rung.OPTIMIZER_8BIT: "optimizer", Rung.CHECKPOINTING: "checkpointing",
             Rung.SHARDING: "strategy", Rung.OFFLOAD: "strategy", Rung.LORA: "method", Rung.QLORA: "method",
+            Rung.MORE_GPUS: "gpus",
             Rung.SHORTER_SEQ: "seq"}[step.rung]
     return knob, "on" if knob == "checkpointing" else str(plain(getattr(s, knob)))
 
@@ -206,6 +207,8 @@ def _how(launch: UserLaunch, step: Step) -> str:
     flags = {"checkpointing": "--gradient_checkpointing", "seq": f"--max_seq_length {fix.seq}",
              "optimizer": _OPTIM_FLAGS[fix.optimizer],
              "batch": f"--per_device_train_batch_size {fix.batch} --gradient_accumulation_steps {step.accumulation}",
+             "gpus": f"{fix.gpus} processes per node (torchrun --nproc_per_node, accelerate --num_processes, "
+                     "deepspeed --num_gpus)",
              "method": "a peft LoraConfig (adapter_config.json)" + (" over a bitsandbytes 4-bit base" if fix.method
                                                                     is Method.QLORA else "")}
     return f"{knob} {shown}: {flags.get(knob, shown)}{where}{cost}"
@@ -250,6 +253,10 @@ def _fix_launch(launch: UserLaunch, decision: Decision) -> str:
             text = _with_flag(text, "--gradient_accumulation_steps", str(before * decision.accumulation))
         elif knob == "optimizer":
             text = _with_flag(text, "--optim", _OPTIM_FLAGS[s.optimizer].split()[-1])
+        elif knob == "gpus":
+            for option in ("--nproc_per_node", "--nproc-per-node", "--num_processes", "--num_gpus"):
+                if launch.command.option(option):
+                    text = _with_flag(text, option, str(s.gpus))
         elif knob == "strategy" and s.strategy.deepspeed:
             text = _with_flag(text, "--deepspeed", f"ds_zero{s.strategy.zero_stage}"
                               + ("_offload" if s.strategy.offloads else "") + ".json")

@@ -32,6 +32,7 @@ class Kind(enum.Enum):
 
     FREE = "costs nothing"  # same training, same speed (or faster)
     SPEED = "costs speed"  # same training, slower steps
+    HARDWARE = "costs hardware"  # same training on more GPUs of the same kind
     TRAINED = "changes what is trained"  # adapters instead of the model
     DATA = "changes the data"  # shorter sequences
 
@@ -45,6 +46,7 @@ class Rung(enum.Enum):
     OPTIMIZER_8BIT = "8-bit AdamW"
     SHARDING = "more sharding"
     OFFLOAD = "CPU offload"
+    MORE_GPUS = "more GPUs of the same kind"
     LORA = "LoRA"
     QLORA = "QLoRA"
     SHORTER_SEQ = "shorter sequences"
@@ -52,6 +54,7 @@ class Rung(enum.Enum):
 
 KIND = {Rung.FUSED_OPTIMIZER: Kind.FREE, Rung.CHECKPOINTING: Kind.SPEED, Rung.MICRO_BATCH: Kind.SPEED,
         Rung.OPTIMIZER_8BIT: Kind.FREE, Rung.SHARDING: Kind.SPEED, Rung.OFFLOAD: Kind.SPEED,
+        Rung.MORE_GPUS: Kind.HARDWARE,
         Rung.LORA: Kind.TRAINED, Rung.QLORA: Kind.TRAINED, Rung.SHORTER_SEQ: Kind.DATA}
 COST = {
     Rung.FUSED_OPTIMIZER: "none: the same update in one kernel (the HF Trainer's default optim=adamw_torch_fused)",
@@ -60,10 +63,13 @@ COST = {
     Rung.OPTIMIZER_8BIT: "bitsandbytes as a dependency; 8-bit moments train as well in published comparisons",
     Rung.SHARDING: "more communication per step (all-gathers of the sharded states)",
     Rung.OFFLOAD: "the optimizer states (and with ZeRO-3 the weights) cross PCIe every step: much slower",
+    Rung.MORE_GPUS: "more GPUs to rent or buy; the sharded states spread thinner, the global batch kept by less "
+                    "accumulation where there was some",
     Rung.LORA: "trains low-rank adapters, not the model",
     Rung.QLORA: "trains adapters over a 4-bit base: dequantization slows each step, the base loses precision",
     Rung.SHORTER_SEQ: "the data changes: sequences truncated, or split into shorter ones",
 }
+MAX_GPUS_PER_NODE_LADDER = 8  # the ladder doubles the GPUs of a node up to a common 8-GPU machine
 # more sharding on the launcher the user already runs: DDP is sharded by accelerate's (or the Trainer's) FSDP
 _MORE_SHARDING = {Strategy.DDP: Strategy.FSDP, Strategy.ZERO1: Strategy.ZERO2, Strategy.ZERO2: Strategy.ZERO3}
 _OFFLOADED = {Strategy.SINGLE: Strategy.ZERO2_OFFLOAD, Strategy.DDP: Strategy.FSDP_OFFLOAD,
@@ -192,6 +198,12 @@ def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Ste
         if rung is Rung.OFFLOAD:
             off = _OFFLOADED.get(s.strategy)
             return None if off is None else Step(rung, s.with_(strategy=off), step.accumulation)
+        if rung is Rung.MORE_GPUS:  # only sharded states shrink with more GPUs; a replica per GPU does not
+            if not (s.strategy.fsdp or s.strategy.deepspeed) or s.gpus >= MAX_GPUS_PER_NODE_LADDER:
+                return None
+            counts = [n for n in (2, 4, 8) if s.gpus < n <= MAX_GPUS_PER_NODE_LADDER]
+            gpus = next((n for n in counts if fits(s.with_(gpus=n))), counts[-1])  # the fewest that fit
+            return Step(rung, s.with_(gpus=gpus), max(1, step.accumulation * s.gpus // gpus))
         if rung is Rung.LORA:
             return Step(rung, s.with_(method=Method.LORA), step.accumulation) if s.method is Method.FULL else None
         if rung is Rung.QLORA:
@@ -235,10 +247,13 @@ def climb(configured: TrainingSetup, evaluator: Evaluator,
         step = _apply(rung, current, lambda s: verdict(s).fits)
         if step is None:
             continue
+        v, before = verdict(step.setup), verdict(current.setup)
+        tried.append((rung, v.word))
+        if not v.fits and (v.evaluation.per_gpu_peak_bytes > before.evaluation.per_gpu_peak_bytes
+                           or before.evaluation.host_fits and not v.evaluation.host_fits):
+            continue  # it makes the GPU peak worse, or breaks the host RAM: not carried up the ladder
         applied.append(step)
         current = step
-        v = verdict(step.setup)
-        tried.append((rung, v.word))
         if v.tight and not tight and not first.tight:
             tight = _minimal_tight(configured, applied, verdict)
         if v.fits:

@@ -406,6 +406,8 @@ def _ladder_suffix(base: TrainingSetup, decision: Decision) -> str:
         parts.append(f"micro-batch {fix.batch} × accumulation {decision.accumulation}")
     if fix.seq != base.seq:
         parts.append(f"seq {fix.seq}")
+    if fix.gpus != base.gpus:
+        parts.append(f"{fix.gpus} GPUs per node")
     return "".join(f" · {p}" for p in parts)
 
 
