@@ -46,8 +46,9 @@ def test_variant_labels_carry_no_marker(gpus: int, method: str, strategy: str | 
                                         words: str) -> None:
     """The variants' labels name the variant alone; the budgets' first row, its table row and the summary say
     "as configured" once, none by stripping a prefix off a label."""
-    variants = configured_variants("llama-2-7b", "a100-80gb", gpus, "bf16-mixed", "adamw", 1, 512, checkpointing,
-                                   "sdpa", 8, strategy=strategy, method=method)
+    variants = configured_variants(make_setup(model="llama-2-7b", gpu="a100-80gb", gpus=gpus, precision="bf16-mixed",
+                                              seq=512, checkpointing=checkpointing, strategy=strategy,
+                                              method=method))
     assert variants[0][0] == words and not any(label.startswith("as configured") for label, _ in variants)
     results = budget_variants(variants)
     assert [label for label, _ in results][0] == f"as configured: {words}"

@@ -9,11 +9,11 @@ from oomlab.budget import display as br
 from oomlab.core.gpus import load_gpu
 from oomlab.evidence import agreement, checks
 from oomlab.explanation.explain import explain
-from oomlab.launch.user import setup_kwargs, user_launch
+from oomlab.launch.user import user_launch
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.remedies import display as rd
 from oomlab.remedies import launch_dir
-from oomlab.remedies.plan import Outcome, make_plan
+from oomlab.remedies.plan import Outcome, plan_for
 from oomlab.report import story
 from oomlab.report.results import (
     budget_results,
@@ -62,12 +62,12 @@ def _run(name: str, tmp_path) -> tuple[dict, object, str]:
     # 02: the budget
     gpu_spec = setup.gpu
     outside = case_outside(setup.model.name, gpu_spec, setup.world_size).total_bytes
-    variants = br.budget_variants(br.configured_variants(**setup_kwargs(setup)))
+    variants = br.budget_variants(br.configured_variants(setup))
     committed = agreement.load_committed()
     bud = budget_results(setup_case(setup), gpu_spec, setup.world_size, outside, variants,
                          committed, agreement.worst_row(committed), {}, [])
     # 03: the plan, its launch files
-    plan = make_plan(**setup_kwargs(setup))
+    plan = plan_for(setup)
     config_dir = tmp_path / "configs"
     written = launch_dir.write_configs(config_dir, plan)
     rec = plan.recommended

@@ -12,9 +12,9 @@ from oomlab.budget import display as br
 from oomlab.core.gpus import load_gpu
 from oomlab.core.paths import NOTEBOOKS_DIR
 from oomlab.evidence import agreement
-from oomlab.launch.user import PARAM_FIELDS, setup_kwargs
+from oomlab.launch.user import PARAM_FIELDS
 from oomlab.pipeline.params import PARAMETERS, SETUP_PATH_PARAM, notebook_launch
-from oomlab.remedies.plan import configured_setup, make_plan
+from oomlab.remedies.plan import plan_for
 from oomlab.report import story
 from oomlab.report.results import budget_results, setup_case
 
@@ -73,8 +73,7 @@ def test_notebooks_02_03_start_from_notebook_01s_setup(name) -> None:
     launches = [_notebook_launch(stem, CASES[name]) for stem in SETUP_NOTEBOOKS]
     setup = launches[0].setup
     assert all(x.setup == setup and x.to_dict() == launches[0].to_dict() for x in launches[1:])
-    assert configured_setup(**setup_kwargs(setup)) == setup
-    label, configured = br.budget_variants(br.configured_variants(**setup_kwargs(setup)))[0]
+    label, configured = br.budget_variants(br.configured_variants(setup))[0]
     assert label.startswith("as configured") and configured.setup == setup
     if name == "launch-dir":  # the files' setup, not the parameters'
         assert (setup.strategy.value, setup.batch, setup.checkpointing) == ("zero2", 4, True)
@@ -85,7 +84,7 @@ def test_notebooks_02_03_start_from_notebook_01s_setup(name) -> None:
 @pytest.mark.parametrize("name", ["lora-fsdp2", "launch-dir"])
 def test_the_plan_starts_from_the_users_setup(name) -> None:
     setup = _notebook_launch(SETUP_NOTEBOOKS[0], CASES[name]).setup
-    plan = make_plan(**setup_kwargs(setup), host_ram="64GiB")
+    plan = plan_for(setup, host_ram="64GiB")
     assert plan.configured.setup == setup
     assert plan.knobs and all(k.changes for k in plan.knobs)
 
@@ -93,11 +92,11 @@ def test_the_plan_starts_from_the_users_setup(name) -> None:
 def test_a_lora_report_says_lora_as_configured(tmp_path) -> None:
     """The results and the report of a LoRA run: its "as configured" rows are LoRA, the budget's and the plan's."""
     setup = _notebook_launch(SETUP_NOTEBOOKS[0], CASES["a10g-lora"]).setup
-    variants = br.budget_variants(br.configured_variants(**setup_kwargs(setup)))
+    variants = br.budget_variants(br.configured_variants(setup))
     committed = agreement.load_committed()
     bud = budget_results(setup_case(setup), load_gpu(setup.gpu.name), setup.gpus, 0, variants, committed,
                          agreement.worst_row(committed), {}, [])
-    plan = make_plan(**setup_kwargs(setup), host_ram="64GiB")
+    plan = plan_for(setup, host_ram="64GiB")
     assert bud["case"]["method"] == "lora" and bud["configured"]["method"] == "lora"
     assert "LoRA" in bud["variants"][0]["label"] and bud["variants"][0]["label"].startswith("as configured")
     r = {"budget": bud, "plan": {"configured": plan.configured.to_dict(),
@@ -119,7 +118,7 @@ def test_the_answer_blames_the_move_only_for_a_launch_that_moves_a_replica(name,
     assert result.raised
     rep = reproduce_results({"model": setup.model.name, "dtype": "float16", "gpu": setup.gpu.name}, result, result,
                             None, None, None, None, setup.gpus, None, launch.to_dict())
-    variants = br.budget_variants(br.configured_variants(**setup_kwargs(setup)))
+    variants = br.budget_variants(br.configured_variants(setup))
     committed = agreement.load_committed()
     bud = budget_results(setup_case(setup), setup.gpu, setup.gpus, 0, variants, committed,
                          agreement.worst_row(committed), {}, [])

@@ -14,6 +14,7 @@ from oomlab.budget.display import budget_variants, configured_variants
 from oomlab.core import seed
 from oomlab.core.gpus import load_gpu
 from oomlab.core.paths import MODEL_SPECS_DIR
+from oomlab.core.setup import make_setup
 from oomlab.evidence import agreement
 from oomlab.evidence.checks import verification
 from oomlab.explanation.explain import explain
@@ -71,7 +72,7 @@ def out_dir(tmp_path_factory) -> Any:
     write_results(root / "results" / "01_reproduce_oom.json", reproduce_results(
         {"model": model, "dtype": "float16", "gpu": "a10g", "gpus": 1, "device": result.device}, result, fp32, None,
         None, decoded, "the reproduced message" if decoded else None, 1))
-    variants = budget_variants(configured_variants(model, "a10g", 1, "fp16-mixed", "adamw", 1, 2048, False, "sdpa", 8))
+    variants = budget_variants(configured_variants(make_setup(model=model, gpu="a10g", gpus=1)))
     committed = agreement.load_committed()
     write_results(root / "results" / "02_memory_budget.json", budget_results(
         {"model": model, "gpu": "a10g", "gpus": 1}, load_gpu("a10g"), 1, seed_outside_bytes(), variants, committed,

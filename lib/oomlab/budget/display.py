@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from oomlab.budget.api import estimate
+from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.inventory import model_states
 from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
 from oomlab.core.choices import Optimizer, Precision, Strategy
-from oomlab.core.defaults import DEFAULT_LORA_ALPHA, launch_strategy
+from oomlab.core.defaults import launch_strategy
 from oomlab.core.errors import OomlabError
-from oomlab.core.setup import make_setup
+from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.core.units import format_size
 from oomlab.core.words import agree, count
 
@@ -114,54 +114,47 @@ def configured_words(strategy: str, method: str, lora_rank: int, checkpointing: 
     return f"{trains}, {strategy}" + (", checkpointing" if checkpointing else "")
 
 
-def configured_variants(model: str, gpu: str, gpus: int, precision: str, optimizer: str, batch: int, seq: int,
-                        checkpointing: bool, attention: str, lora_rank: int, strategy: str | None = None,
-                        method: str = "full", lora_targets: str | None = None, nodes: int = 1,
-                        lora_alpha: int = DEFAULT_LORA_ALPHA
-                        ) -> list[tuple[str, dict[str, Any]]]:
-    """The configuration as given (by default a full replica per GPU), first, and its usual variants, as ``estimate``
-    keyword arguments; on one GPU no sharded variant (FSDP over one GPU is the single-GPU run).  Each label names the
-    variant alone: :func:`budget_variants` marks the first one "as configured"."""
-    base = {"model": model, "gpu": gpu, "gpus": gpus, "precision": precision, "optimizer": optimizer,
-            "batch": batch, "seq": seq, "checkpointing": checkpointing, "attention": attention,
-            "lora_rank": lora_rank, **({"nodes": nodes} if nodes != 1 else {}),
-            **({"lora_alpha": lora_alpha} if lora_alpha != DEFAULT_LORA_ALPHA else {}),
-            **({"lora_targets": lora_targets} if lora_targets else {})}  # the user's targets for every LoRA row
-    ddp = launch_strategy(Strategy.DDP, gpus * nodes).value  # a replica per GPU, one process on one GPU
-    given = launch_strategy(strategy, gpus * nodes).value
-    configured = {**base, "strategy": given, "method": method}
-    variants = [
-        (configured_words(given, method, lora_rank, checkpointing, gpus * nodes), configured),
-        (f"full fine-tune, a replica per GPU ({ddp})", {**base, "strategy": ddp, "method": "full"}),
-        (f"accelerate FSDP (FSDP1) full shard over {count(gpus, 'GPU')}",
-         {**base, "strategy": "fsdp", "method": "full"}),
+def configured_variants(setup: TrainingSetup) -> list[tuple[str, TrainingSetup]]:
+    """The configuration as given, first, and its usual variants, each a typed setup (those the hardware or the
+    libraries refuse are left out); on one GPU no sharded variant (FSDP over one GPU is the single-GPU run).  Each
+    label names the variant alone: :func:`budget_variants` marks the first one "as configured"."""
+    gpus, world = setup.gpus, setup.world_size
+    ddp = launch_strategy(Strategy.DDP, world)  # a replica per GPU, one process on one GPU
+    changes = [
+        (f"full fine-tune, a replica per GPU ({ddp.value})", {"strategy": ddp, "method": "full"}),
+        (f"accelerate FSDP (FSDP1) full shard over {count(gpus, 'GPU')}", {"strategy": "fsdp", "method": "full"}),
         (f"accelerate FSDP (FSDP1) over {gpus} + checkpointing",
-         {**base, "strategy": "fsdp", "method": "full", "checkpointing": True}),
+         {"strategy": "fsdp", "method": "full", "checkpointing": True}),
         (f"accelerate FSDP2 over {gpus} + checkpointing",
-         {**base, "strategy": "fsdp2", "method": "full", "checkpointing": True}),
+         {"strategy": "fsdp2", "method": "full", "checkpointing": True}),
         (f"accelerate FSDP (FSDP1) + CPU offload over {gpus}",
-         {**base, "strategy": "fsdp-offload", "method": "full", "checkpointing": True}),
-        ("LoRA, a replica per GPU", {**base, "strategy": ddp, "method": "lora"}),
-        ("LoRA + checkpointing, replica", {**base, "strategy": ddp, "method": "lora", "checkpointing": True}),
-        ("QLoRA + checkpointing, replica", {**base, "strategy": ddp, "method": "qlora", "checkpointing": True}),
+         {"strategy": "fsdp-offload", "method": "full", "checkpointing": True}),
+        ("LoRA, a replica per GPU", {"strategy": ddp, "method": "lora"}),
+        ("LoRA + checkpointing, replica", {"strategy": ddp, "method": "lora", "checkpointing": True}),
+        ("QLoRA + checkpointing, replica", {"strategy": ddp, "method": "qlora", "checkpointing": True}),
         (f"LoRA + checkpointing, accelerate FSDP (FSDP1) over {gpus}",
-         {**base, "strategy": "fsdp", "method": "lora", "checkpointing": True}),
+         {"strategy": "fsdp", "method": "lora", "checkpointing": True}),
     ]
-    if gpus * nodes == 1:  # sharding over one GPU: the single-GPU run again (its offload variant stays)
-        variants = [v for v in variants if v[1]["strategy"] not in ("fsdp", "fsdp2")]
-    return [variants[0]] + [v for v in variants[1:] if v[1] != configured]  # the configured one once
-
-
-def budget_variants(variants: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, BudgetResult]]:
-    """Analytic budgets of the variants that are valid on this hardware, labelled for display: the first
-    (:func:`configured_variants`' configuration as given) as ``as configured: <its label>``."""
-    out = []
-    for index, (label, kwargs) in enumerate(variants):
+    base = setup.with_(strategy=launch_strategy(setup.strategy, world))
+    variants = [(configured_words(base.strategy.value, base.method.value, base.lora_rank, base.checkpointing, world),
+                 base)]
+    for label, change in changes:
+        if world == 1 and change["strategy"] in ("fsdp", "fsdp2"):
+            continue  # sharding over one GPU: the single-GPU run again (its offload variant stays)
         try:
-            out.append((f"{CONFIGURED}: {label}" if index == 0 else label, estimate(**kwargs)))
+            variant = setup.with_(**change)
         except OomlabError:
             continue
-    return out
+        if variant != base:  # the configured one once
+            variants.append((label, variant))
+    return variants
+
+
+def budget_variants(variants: list[tuple[str, TrainingSetup]]) -> list[tuple[str, BudgetResult]]:
+    """Analytic budgets of the variants, labelled for display: the first (:func:`configured_variants`'
+    configuration as given) as ``as configured: <its label>``."""
+    return [(f"{CONFIGURED}: {label}" if index == 0 else label, estimate_setup(setup))
+            for index, (label, setup) in enumerate(variants)]
 
 
 def training_words(strategy: str, method: str, precision: str, optimizer: str, batch: int, seq: int) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from oomlab.core.choices import Strategy
 from oomlab.core.models import load_model
-from oomlab.core.setup import TrainingSetup, make_setup
+from oomlab.core.setup import make_setup
 from oomlab.launch.inputs import inputs_from_dir
 from oomlab.launch.origin import Sourced, assumed, flag_origin
 from oomlab.launch.read import UserLaunch
@@ -54,17 +54,6 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
     ordered = {name: fields[name] for name in SETUP_ORDER if name in fields}
     return UserLaunch(setup=setup, fields=ordered, deepspeed=None, launcher=None, trainer=True, command=None,
                       unmodelled=(), files=())
-
-
-def setup_kwargs(setup: TrainingSetup) -> dict[str, Any]:
-    """The setup as the keyword arguments of the budget's variants and the plan
-    (:func:`oomlab.budget.display.configured_variants`, :func:`oomlab.remedies.plan.make_plan`), so that notebooks
-    02 and 03 budget and plan the setup notebook 01 read (``configured_setup(**setup_kwargs(s)) == s``)."""
-    return {"model": setup.model, "gpu": setup.gpu.name, "gpus": setup.gpus, "nodes": setup.nodes,
-            "strategy": setup.strategy.value, "method": setup.method.value, "precision": setup.precision.value,
-            "optimizer": setup.optimizer.value, "batch": setup.batch, "seq": setup.seq,
-            "checkpointing": setup.checkpointing, "attention": setup.attention.value, "lora_rank": setup.lora_rank,
-            "lora_alpha": setup.lora_alpha, "lora_targets": ",".join(setup.lora_targets)}
 
 
 def setup_rows(launch: UserLaunch) -> list[tuple[str, str, str]]:
