@@ -3,7 +3,7 @@ for real now beside their analytic figure.  Text and rows only; :mod:`oomlab.bud
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from oomlab.core.units import format_size
@@ -38,11 +38,19 @@ SMALL_LIVE_CASES = ("full fp16-mixed AdamW", "LoRA r8 fp16-mixed AdamW, checkpoi
 SMALL_HEADERS = ["tiny setup (trained for real on CPU)", "analytic", "measured", "ratio", "peak phase"]
 
 
-def small_scale_rows(labels: Sequence[str] = SMALL_LIVE_CASES) -> list[list[str]]:
-    """Measure a few tiny setups for real now (seconds each) and set the analytic figure beside each."""
-    rows = []
+def small_scale_measurements(labels: Sequence[str] = SMALL_LIVE_CASES) -> list[dict[str, Any]]:
+    """Measure a few tiny setups for real now (seconds each) and set the analytic figure beside each: one record
+    each, numbers and names only (what the results JSON holds; :func:`small_scale_rows` shows them)."""
+    records = []
     for case in (c for c in SMALL_CASES if c.label in labels):
         r = compare_small(case)
-        rows.append([case.label, f"{r.analytic_peak_bytes:,} B", f"{r.measured_peak_bytes:,} B", f"{r.ratio:.4f}",
-                     r.analytic_peak_phase.value])
-    return rows
+        records.append({"setup": case.label, "analytic_peak_bytes": r.analytic_peak_bytes,
+                        "measured_peak_bytes": r.measured_peak_bytes, "ratio": r.ratio,
+                        "peak_phase": r.analytic_peak_phase.value})
+    return records
+
+
+def small_scale_rows(records: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """The measurements as :data:`SMALL_HEADERS`' table rows."""
+    return [[r["setup"], f"{r['analytic_peak_bytes']:,} B", f"{r['measured_peak_bytes']:,} B", f"{r['ratio']:.4f}",
+             r["peak_phase"]] for r in records]

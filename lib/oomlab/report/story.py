@@ -282,7 +282,7 @@ def evidence_of_budget(r: dict[str, Any]) -> str:
             f"{agreement['worst_ratio']:.4f} "
             f"({md_text(agreement['worst_setup'])}), within the ±{agreement['tolerance']:.0%} target.")
     if small:
-        ratios = [float(row["ratio"]) for row in small]
+        ratios = [row["ratio"] for row in small]
         text += (f" Tiny models trained for real on CPU agree to within {max(abs(x - 1) for x in ratios):.1%} "
                  f"({count(len(small), 'setup')} measured for this report).")
     return text
