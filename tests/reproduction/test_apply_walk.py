@@ -1,5 +1,5 @@
 """The torch-free load walk (``reproduction.apply_walk``) against the traced one: step for step what PyTorch's own
-``Module._apply`` records on the meta model (``reproduction.walk``), and the replica's figures what the simulated
+``Module._apply`` records on the meta model (``reproduction.traced_walk``), and the replica's figures what the simulated
 reproduction (``reproduce(device="simulated")``) gives."""
 
 import json
@@ -18,7 +18,7 @@ from oomlab.reproduction.apply_walk import (
 )
 from oomlab.reproduction.replay import reproduce
 from oomlab.reproduction.steps import TensorKind
-from oomlab.reproduction.walk import unlimited_walk
+from oomlab.reproduction.traced_walk import traced_unlimited_walk
 
 DTYPES = ("float16", "bfloat16", "float32")
 # every field ReplicaMove shares with ReproduceResult (the traceback, the frames, the device are the traced run's)
@@ -30,7 +30,7 @@ SHARED = [f.name for f in fields(ReplicaMove) if f.name != "message_format"]
 @pytest.mark.parametrize("name", known_models())
 def test_every_shipped_walk_is_the_traced_walk(name, dtype):
     """Every shipped model in every dtype: the same tensors, in the same order, with the same allocator figures."""
-    assert tree_unlimited_walk(name, dtype) == unlimited_walk(name, dtype)
+    assert tree_unlimited_walk(name, dtype) == traced_unlimited_walk(name, dtype)
 
 
 @pytest.mark.parametrize(("name", "dtype"), [
@@ -40,7 +40,7 @@ def test_every_shipped_walk_is_the_traced_walk(name, dtype):
 ])
 def test_walk_is_the_traced_walk(name, dtype):
     """A few models in the fast lane (every one, in every dtype, in the heavy lane)."""
-    assert tree_unlimited_walk(name, dtype) == unlimited_walk(name, dtype)
+    assert tree_unlimited_walk(name, dtype) == traced_unlimited_walk(name, dtype)
 
 
 @pytest.mark.parametrize(("name", "dtype", "gpu"), [
@@ -78,7 +78,7 @@ def test_config_path_walk_is_the_traced_walk(tmp_path):
     config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
                                   "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256}))
     for dtype in DTYPES:
-        assert tree_unlimited_walk(str(config), dtype) == unlimited_walk(str(config), dtype)
+        assert tree_unlimited_walk(str(config), dtype) == traced_unlimited_walk(str(config), dtype)
 
 
 def test_zero_byte_tensor_is_recorded_not_allocated():

@@ -11,7 +11,8 @@ from oomlab.core.units import GiB, MiB, format_size
 from oomlab.reproduction.allocator import CachingAllocator, get_allocation_size, round_size
 from oomlab.reproduction.fit import Figure, failure_at, failure_points, matching_outside
 from oomlab.reproduction.outside import seed_outside_bytes
-from oomlab.reproduction.walk import unlimited_walk, walk_apply
+from oomlab.reproduction.traced_walk import walk_apply
+from oomlab.reproduction.walk import unlimited_walk
 
 T4 = load_gpu("t4").total_memory_bytes
 SEED_LOW, SEED_HIGH = 488_439_809, 631_046_144  # outside bytes reproducing tried, allocated and reserved

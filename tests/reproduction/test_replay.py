@@ -72,7 +72,7 @@ def test_moved_parameters_report_cuda() -> None:
     from oomlab.core.dtypes import load_dtype
     from oomlab.core.models import load_model
     from oomlab.reproduction.allocator import CachingAllocator
-    from oomlab.reproduction.walk import walk_apply
+    from oomlab.reproduction.traced_walk import walk_apply
 
     mode, model, error = walk_apply(load_model("llama-7b"), load_dtype("float16"), CachingAllocator(1 << 40))
     assert error is None

@@ -1,7 +1,7 @@
 """``model.to("cuda")`` walked over the model's module tree (:mod:`oomlab.core.module_tree`) without torch: the
 tensors in ``Module._apply``'s order charged to the caching-allocator model, step for step what the traced walk
-(:mod:`oomlab.reproduction.walk`, PyTorch's own ``_apply`` on a meta model) records, and the figures of its simulated
-reproduction (:func:`oomlab.reproduction.replay.reproduce` with ``device="simulated"``) but its traceback.
+(:mod:`oomlab.reproduction.traced_walk`, PyTorch's own ``_apply`` on a meta model) records, and the figures of its
+simulated reproduction (:func:`oomlab.reproduction.replay.reproduce` with ``device="simulated"``) but its traceback.
 
 ``Module._apply`` (torch/nn/modules/module.py) moves each child module's tensors first, depth first, then the
 module's own parameters, then its own buffers, ``None`` slots skipped; a tied tensor is copied once, at its first
@@ -25,9 +25,7 @@ from oomlab.core.seed import is_seed_case
 from oomlab.reproduction.allocator import CachingAllocator, SimulatedOutOfMemory, get_allocation_size, round_size
 from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.result import FailingTensor
-from oomlab.reproduction.steps import TensorKind, WalkStep
-
-UNLIMITED_BYTES = 1 << 62  # capacity of the "how much would it take" walk (as the traced walk's)
+from oomlab.reproduction.steps import UNLIMITED_BYTES, TensorKind, WalkStep
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,8 @@ def replay(tensors: tuple[MovedTensor, ...], allocator: CachingAllocator) -> Wal
 
 @lru_cache(maxsize=256)  # keyed by user input (a config.json path): bounded
 def tree_unlimited_walk(model: str, dtype: str) -> tuple[WalkStep, ...]:
-    """The whole walk on a device with no limit (:func:`oomlab.reproduction.walk.unlimited_walk`'s steps)."""
+    """The whole walk on a device with no limit (the steps of
+    :func:`oomlab.reproduction.traced_walk.traced_unlimited_walk`)."""
     dt = load_dtype(dtype)
     return replay(apply_order(module_tree(load_model(model)), dt.name), CachingAllocator(UNLIMITED_BYTES)).steps
 

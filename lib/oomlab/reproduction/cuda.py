@@ -17,7 +17,9 @@ from oomlab.core.modeling import build_meta_model, tensor_nbytes, unique_tensors
 from oomlab.core.models import ModelSpec
 from oomlab.reproduction.allocator import get_allocation_size, round_size
 from oomlab.reproduction.result import FailingTensor, ReproduceResult, traceback_frames
-from oomlab.reproduction.walk import TensorKind, WalkStep, tensor_names, unlimited_walk, unnamed
+from oomlab.reproduction.steps import TensorKind, WalkStep
+from oomlab.reproduction.traced_walk import tensor_names, unnamed
+from oomlab.reproduction.walk import unlimited_walk
 
 
 def reproduce_on_cuda(

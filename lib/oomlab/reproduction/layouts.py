@@ -36,7 +36,8 @@ from oomlab.core.modeling import build_meta_model
 from oomlab.core.models import Family, ModelSpec, load_model
 from oomlab.core.paths import DATA_DIR
 from oomlab.reproduction.allocator import CachingAllocator
-from oomlab.reproduction.walk import UNLIMITED_BYTES, SimulatedCudaMode, WalkStep, tensor_names
+from oomlab.reproduction.steps import UNLIMITED_BYTES, WalkStep
+from oomlab.reproduction.traced_walk import SimulatedCudaMode, tensor_names
 
 __all__ = ["LaunchPath", "LayoutBuffer", "LlamaLayout", "ReportContext", "build_layout_model", "layout_walk",
            "llama_layouts", "load_layout", "report_context", "walk_fingerprint"]

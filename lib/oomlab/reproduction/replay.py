@@ -23,7 +23,8 @@ from oomlab.reproduction.allocator import CachingAllocator, get_allocation_size,
 from oomlab.reproduction.cuda import reproduce_on_cuda
 from oomlab.reproduction.outside import case_outside
 from oomlab.reproduction.result import FailingTensor, ReproduceResult, traceback_frames
-from oomlab.reproduction.walk import unlimited_walk, walk_apply
+from oomlab.reproduction.traced_walk import walk_apply
+from oomlab.reproduction.walk import unlimited_walk
 
 
 def validate(

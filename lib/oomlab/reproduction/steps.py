@@ -1,12 +1,14 @@
 """What one step of ``Module._apply``'s walk records: the tensor copied to the device and the allocator after it
-(shared by the traced walk, :mod:`oomlab.reproduction.walk`, and the torch-free one,
-:mod:`oomlab.reproduction.apply_walk`)."""
+(shared by the torch-free walk, :mod:`oomlab.reproduction.apply_walk`, and the traced one,
+:mod:`oomlab.reproduction.traced_walk`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from oomlab.core.choices import Choice
+
+UNLIMITED_BYTES = 1 << 62  # capacity of the "how much would it take" walk
 
 
 class TensorKind(Choice):

@@ -1,138 +1,30 @@
-"""Run the real ``Module.to("cuda")`` on a weightless model, with device memory simulated.
+"""``model.to("cuda")`` of a full-size model, step by step: the tensors ``Module._apply`` copies and the caching
+allocator after each, on a device with no limit -- what the model takes -- and the seed's outside-PyTorch memory
+derived along it.
 
-``torch.nn.Module.to`` → ``_apply`` → ``convert`` → ``Tensor.to`` runs exactly as in PyTorch; a
-``TorchFunctionMode`` intercepts each ``Tensor.to``/``Tensor.cuda`` that targets a CUDA device, charges
-the copy to the :class:`~oomlab.reproduction.allocator.CachingAllocator` model, and hands back a fake ``cuda:0``
-tensor (``torch.empty_strided(..., device="cuda")`` under ``FakeTensorMode``), so the moved parameters
-report ``cuda:0`` on a machine without CUDA.  When the allocator model refuses, the mode raises
-``torch.OutOfMemoryError`` from inside ``convert``, so the traceback runs through ``_apply``.
+The walk runs over the model's module tree (:mod:`oomlab.reproduction.apply_walk`), so it imports no torch for a
+shipped model; it is step for step the walk PyTorch's own ``Module._apply`` makes on the meta model
+(:mod:`oomlab.reproduction.traced_walk`, tested for every shipped model in every dtype).  The traced walk's own names
+(``walk_apply``, ``SimulatedCudaMode``, ``tensor_names``, ``unnamed``) are still read from here, loading torch then.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
-import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.overrides import TorchFunctionMode
-
-from oomlab.core.dtypes import DType, load_dtype
 from oomlab.core.gpus import load_gpu
-from oomlab.core.modeling import build_meta_model
-from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_MODEL, seed_figures
 from oomlab.core.units import format_size
-from oomlab.reproduction.allocator import CachingAllocator, SimulatedOutOfMemory, get_allocation_size, round_size
-from oomlab.reproduction.steps import TensorKind, WalkStep
+from oomlab.reproduction.apply_walk import tree_unlimited_walk
+from oomlab.reproduction.steps import UNLIMITED_BYTES, TensorKind, WalkStep
 
-UNLIMITED_BYTES = 1 << 62  # capacity of the "how much would it take" walk
-
-
-def tensor_names(model: torch.nn.Module) -> dict[int, tuple[str, TensorKind]]:
-    """``id(tensor) -> (qualified name, parameter or buffer)``, first name for shared tensors."""
-    names: dict[int, tuple[str, TensorKind]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), (name, TensorKind.PARAMETER))
-    for name, b in model.named_buffers(remove_duplicate=False):
-        names.setdefault(id(b), (name, TensorKind.BUFFER))
-    return names
+__all__ = ["UNLIMITED_BYTES", "TensorKind", "WalkStep", "derive_seed_outside_bytes", "unlimited_walk"]
+_TRACED = ("walk_apply", "SimulatedCudaMode", "tensor_names", "unnamed")  # torch: from traced_walk, on first use
 
 
-def unnamed(tensor: torch.Tensor) -> tuple[str, TensorKind]:
-    """The name and kind of a moved tensor that :func:`tensor_names` does not know."""
-    return f"<tensor {tuple(tensor.shape)}>", TensorKind.TENSOR
-
-
-class SimulatedCudaMode(TorchFunctionMode):
-    """Serve ``Tensor.to(cuda)``/``Tensor.cuda()`` from an allocator model with fake CUDA tensors."""
-
-    def __init__(self, allocator: CachingAllocator, names: dict[int, tuple[str, TensorKind]]) -> None:
-        super().__init__()
-        self.allocator = allocator
-        self.names = names
-        self.steps: list[WalkStep] = []
-        self.failure: tuple[str, TensorKind, tuple[int, ...], str, int] | None = None
-        self._fake = FakeTensorMode(allow_non_fake_inputs=True)
-        self._done: dict[int, torch.Tensor] = {}  # tied weights are copied once
-        self._moved_bytes = 0
-        self._moved_params = 0
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.Tensor.to or func is torch.Tensor.cuda:
-            tensor = args[0]
-            if func is torch.Tensor.cuda:
-                device, dtype = torch.device("cuda"), None
-            else:
-                device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
-            if device is not None and device.type == "cuda" and tensor.device.type != "cuda":
-                return self._copy_to_device(tensor, dtype)
-        return func(*args, **kwargs)
-
-    def _copy_to_device(self, tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-        if id(tensor) in self._done:
-            return self._done[id(tensor)]
-        dtype = dtype if dtype is not None and (tensor.is_floating_point() or tensor.is_complex()) else None
-        dtype = dtype or tensor.dtype
-        nbytes = tensor.numel() * torch.empty((), dtype=dtype, device="meta").element_size()
-        name, kind = self.names.get(id(tensor)) or unnamed(tensor)
-        dtype_name = str(dtype).removeprefix("torch.")
-        try:
-            if nbytes:
-                self.allocator.malloc(nbytes)
-        except SimulatedOutOfMemory as oom:
-            self.failure = (name, kind, tuple(tensor.shape), dtype_name, nbytes)
-            # Raised here, inside Module._apply's convert(), as PyTorch would.
-            raise torch.OutOfMemoryError(oom.message) from None
-        self._moved_bytes += nbytes
-        if kind is TensorKind.PARAMETER:
-            self._moved_params += tensor.numel()
-        self.steps.append(
-            WalkStep(
-                index=len(self.steps),
-                name=name,
-                kind=kind,
-                shape=tuple(tensor.shape),
-                dtype=dtype_name,
-                nbytes=nbytes,
-                tried_bytes=get_allocation_size(round_size(nbytes)),
-                allocated_bytes=self.allocator.allocated_bytes,
-                reserved_bytes=self.allocator.reserved_bytes,
-                moved_bytes=self._moved_bytes,
-                moved_parameters=self._moved_params,
-            )
-        )
-        with self._fake:
-            out = torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=dtype, device="cuda")
-        self._done[id(tensor)] = out
-        return out
-
-
-def walk_apply(
-    spec: ModelSpec, dtype: DType, allocator: CachingAllocator
-) -> tuple[SimulatedCudaMode, Any, BaseException | None]:
-    """Build ``spec`` on meta in ``dtype`` and run the real ``model.to("cuda")`` against ``allocator``.
-
-    Returns the mode (its ``steps`` and ``failure``), the model, and the exception raised, if any.
-    """
-    model = build_meta_model(spec, dtype)
-    mode = SimulatedCudaMode(allocator, tensor_names(model))
-    error: BaseException | None = None
-    try:
-        with mode:
-            model.to("cuda")
-    except torch.OutOfMemoryError as err:
-        error = err
-    return mode, model, error
-
-
-@lru_cache(maxsize=256)  # keyed by user input (a config.json path): bounded
 def unlimited_walk(model: str, dtype: str) -> tuple[WalkStep, ...]:
     """The whole ``_apply`` walk on a device with no limit: what the model takes, tensor by tensor."""
-    allocator = CachingAllocator(UNLIMITED_BYTES)
-    mode, _, _ = walk_apply(load_model(model), load_dtype(dtype), allocator)
-    return tuple(mode.steps)
+    return tree_unlimited_walk(model, dtype)
 
 
 def derive_seed_outside_bytes() -> int:
@@ -155,3 +47,12 @@ def derive_seed_outside_bytes() -> int:
     if len(matches) != 1:  # pragma: no cover - guards the derivation itself
         raise RuntimeError(f"expected exactly one point of the walk to match the seed, found {len(matches)}")
     return load_gpu(SEED_GPU).total_memory_bytes - matches[0].reserved_bytes - figures.free_bytes
+
+
+def __getattr__(name: str) -> Any:
+    """The traced walk's names, for the importers that read them from here (PEP 562): torch loads only then."""
+    if name in _TRACED:
+        from oomlab.reproduction import traced_walk
+
+        return getattr(traced_walk, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
