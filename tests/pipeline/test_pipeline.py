@@ -379,13 +379,15 @@ def test_run_pipeline_writes_executed_notebooks(good_run: tuple[Path, Path, Pipe
 
 
 def test_run_pipeline_injects_declared_parameters(good_run: tuple[Path, Path, PipelineResult]) -> None:
-    """Notebooks get the parameters their cell declares, the results path, and out_dir when declared."""
+    """Notebooks get the parameters their cell declares, the results path, and out_dir when declared (relative to
+    the executed notebook: the run's folder is '..' from there)."""
     _, out, result = good_run
     assert result.results_paths == (out / "results" / "01_first-look.json", out / "results" / "02_second-look.json")
     assert read_results(result.results_paths[0]) == {"model": "llama-7b", "gpus": 2, "title": "First look"}
     injected = nbformat.read(result.executed_paths[1], as_version=4).cells[2]
     assert "injected-parameters" in injected.metadata.tags
-    assert f"out_dir = {str(out)!r}" in injected.source.replace('"', "'")
+    assert "out_dir = '..'" in injected.source.replace('"', "'")
+    assert (result.executed_paths[1].parent / "..").resolve() == out
     assert "dtype" not in injected.source  # not declared by the notebook, so not injected
 
 

@@ -244,10 +244,27 @@ def _check_together(params: Mapping[str, Any]) -> None:
             f"parameters 'batch' {params['batch']} x 'seq' {params['seq']} make {params['batch'] * params['seq']:,} "
             f"tokens per GPU; at most {MAX_TOKENS:,} are accepted: lower batch or seq")
     _check_non_pytorch(params)
+    _check_setup(params)
     if params["lora_rank"] > spec.hidden_size:
         raise InvalidValueError(
             f"parameter 'lora_rank' {params['lora_rank']} exceeds {spec.name}'s hidden size {spec.hidden_size}: use "
             f"a rank from 1 to {spec.hidden_size}")
+
+
+def _check_setup(params: Mapping[str, Any]) -> None:
+    """The parameters' own setup must be one oomlab can run (QLoRA in fp32, bf16 on a T4 ...): refused here, in
+    milliseconds, as make_setup refuses it (a launch_dir's setup is read, and refused, when the run starts)."""
+    if params.get("launch_dir") is not None:
+        return
+    from oomlab.core.setup import make_setup
+
+    try:
+        make_setup(model=params["model"], gpu=params["gpu"],
+                   **{name: params[name] for name in ("gpus", "strategy", "method", "precision", "optimizer", "batch",
+                                                     "seq", "checkpointing", "attention", "lora_rank",
+                                                     "lora_targets")})
+    except OomlabError as err:
+        raise InvalidValueError(f"the user's setup: {err}") from err
 
 
 def _check_non_pytorch(params: Mapping[str, Any]) -> None:
