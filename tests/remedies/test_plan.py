@@ -15,7 +15,7 @@ from oomlab.cli import main
 from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
 from oomlab.core.setup import make_setup
 from oomlab.remedies import placement
-from oomlab.remedies.display import heading, remedy_rows, summarize
+from oomlab.remedies.display import heading, remedy_rows, render_plan, summarize
 from oomlab.remedies.fit_map import fit_map
 from oomlab.remedies.knobs import KNOB_VALUES
 from oomlab.remedies.plan import Plan, make_plan
@@ -335,3 +335,14 @@ def test_caveats_read_as_sentences_about_the_remedy(strategy) -> None:
         for caveat in caveats(setup):
             first = caveat.text.split()[0]
             assert first.islower() and first.endswith("s"), caveat.text
+
+
+def test_a_run_that_fits_with_the_margin_is_left_as_it_is() -> None:
+    """Mistral-7B LoRA with checkpointing on one A10G fits with its margin: nothing is recommended instead (not
+    QLoRA because it is faster), and the plan says to launch it as written (issue 22)."""
+    from oomlab.remedies.plan import Outcome
+
+    p = make_plan(model="mistral-7b", gpu="a10g", gpus=1, method="lora", precision="bf16-mixed", checkpointing=True)
+    assert p.outcome is Outcome.FITS and p.decision.verdict.fits
+    assert p.recommended is None and p.fix is None and "nothing to change" in p.recommendation_note
+    assert "recommended: as configured (nothing to change)" in render_plan(p)

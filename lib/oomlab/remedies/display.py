@@ -154,7 +154,8 @@ def render_plan(plan: Plan, top: int = 15) -> str:
     for change, peak, _host, fits, why in knob_rows(plan.knobs):
         lines.append(f"  {change:<52} {peak:>12}  {fits:<3}  {why}")
     rec = plan.recommended
-    lines += ["", f"verdict: {plan.outcome.value}", f"recommended: {rec.name if rec else 'none'}"
+    none = "as configured (nothing to change)" if plan.outcome is Outcome.FITS else "none"
+    lines += ["", f"verdict: {plan.outcome.value}", f"recommended: {rec.name if rec else none}"
               + (f" ({plan.recommendation_note})" if rec else "")]
     if rec and rec.config_files:
         lines.append("  launch files: " + ", ".join(rec.config_files) + " (python -m oomlab plan --write-configs)")

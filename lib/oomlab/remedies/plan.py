@@ -108,7 +108,10 @@ class Plan:
 
     @property
     def recommended(self) -> Remedy | None:
-        """The remedy to launch: the ladder's fix when there is one, else the fastest sound one (:func:`recommend`)."""
+        """The remedy to launch: none when the run fits as configured with the margin (launch it as written), the
+        ladder's fix when there is one, else the fastest sound one (:func:`recommend`)."""
+        if self.decision is not None and self.decision.verdict.fits:
+            return None
         return self.fix or self.fastest
 
     @property
@@ -119,6 +122,8 @@ class Plan:
     @property
     def recommendation_note(self) -> str:
         """Why the recommended remedy is the one it is (why not rank 1, when it is not)."""
+        if self.decision is not None and self.decision.verdict.fits:
+            return "it fits as configured, with the margin: nothing to change"
         if self.ladder_fix is not None:
             steps = "; ".join(s.words for s in self.decision.steps)
             margin = self.decision.fixed.margin.words

@@ -299,6 +299,9 @@ def verification_rows(r: dict[str, Any]) -> list[tuple[Any, ...]]:
 def recommended_fix(r: dict[str, Any]) -> str:
     plan = r["plan"]
     rec = plan.get("recommended")
+    if not rec and plan.get("outcome") == Outcome.FITS.value:
+        return ("It fits as configured, with the margin this setup class needs: nothing to change — launch it as "
+                "written.")
     if not rec:
         return "No remedy fits, so there is nothing to launch."
     steps = (plan.get("decision") or {}).get("steps") or []
