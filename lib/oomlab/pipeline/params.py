@@ -244,11 +244,11 @@ def _check_together(params: Mapping[str, Any]) -> None:
             f"parameters 'batch' {params['batch']} x 'seq' {params['seq']} make {params['batch'] * params['seq']:,} "
             f"tokens per GPU; at most {MAX_TOKENS:,} are accepted: lower batch or seq")
     _check_non_pytorch(params)
-    _check_setup(params)
     if params["lora_rank"] > spec.hidden_size:
         raise InvalidValueError(
             f"parameter 'lora_rank' {params['lora_rank']} exceeds {spec.name}'s hidden size {spec.hidden_size}: use "
             f"a rank from 1 to {spec.hidden_size}")
+    _check_setup(params)  # last: the single parameters' own messages first
 
 
 def _check_setup(params: Mapping[str, Any]) -> None:
