@@ -150,3 +150,18 @@ def test_the_verdict_counts_host_ram() -> None:
     assert r.budget.fits and r.budget.host_ram_bytes > r.host_ram_bytes
     assert r.fails_at is FailsAt.HOST_RAM and r.to_dict()["fails_at"] == "host-ram"
     assert r.decision.verdict.word == "does not fit"
+
+
+def test_a_fit_inside_the_margin_names_what_costs_nothing() -> None:
+    """Qwen2.5-7B LoRA at 4 x 4096 on one RTX 4090: micro-batch 1 with checkpointing fits only inside the margin,
+    and check says what costs nothing there (the allocator setting), beside the ladder's fix."""
+    from oomlab.launch.display import render_check
+    from oomlab.launch.user import user_launch
+    from oomlab.pipeline.params import PARAMETERS, parse_params
+
+    launch = user_launch(parse_params(["model=qwen2.5-7b", "gpu=rtx-4090", "gpus=1", "method=lora",
+                                       "precision=bf16-mixed", "batch=4", "seq=4096"]),
+                         {name: p.default for name, p in PARAMETERS.items()})
+    r = check_launch(LaunchInputs(gpu="rtx-4090"), launch=launch)
+    assert r.decision.tight and r.decision.tight[-1].setup.batch == 1
+    assert "inside the margin: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in render_check(r)

@@ -12,6 +12,7 @@ from oomlab.launch.check import CheckResult, FailsAt
 from oomlab.launch.paths import ROWS
 from oomlab.launch.prose import launch_name, traceback_proves
 from oomlab.launch.user import setup_rows
+from oomlab.remedies.ladder import ALLOCATOR_ADVICE
 
 MAX_UNMODELLED_SHOWN = 8
 
@@ -79,6 +80,8 @@ def render_check(result: CheckResult) -> str:
     lines += ["", f"load: {result.load.detail}", "", "per GPU:"]
     lines += [f"  {label:<36} {value:>12}" for label, value in per_gpu_rows(result)]
     fix = result.smallest_fix
+    if result.decision.verdict.tight or result.decision.tight:
+        lines += ["", f"inside the margin: {ALLOCATOR_ADVICE}"]
     if not result.decision.verdict.fits:
         lines.append("")
         if fix is None:

@@ -14,6 +14,7 @@ from oomlab.core.seed import SEED_DTYPE, is_seed_case
 from oomlab.core.units import format_signed_size, format_size
 from oomlab.core.words import count
 from oomlab.remedies.knobs import KnobChange
+from oomlab.remedies.ladder import ALLOCATOR_ADVICE
 from oomlab.remedies.placement import DeviceMapPlacement, layer_index
 from oomlab.remedies.plan import Outcome, Plan
 from oomlab.remedies.remedy import Remedy, format_tokens_per_s, launcher
@@ -106,7 +107,8 @@ def verdict(plan: Plan) -> str:
         what = ("as configured" if plan.decision.verdict.tight or not tight else
                 "with " + "; ".join(s.words for s in tight))
         return (f"**It fits {where} only inside the margin** ({what}): the estimate leaves less headroom than "
-                f"this setup class needs ({margin}); nothing on the ladder fits with it.")
+                f"this setup class needs ({margin}); nothing on the ladder fits with it. If you run it: "
+                f"{ALLOCATOR_ADVICE}.")
     if outcome is Outcome.HOST_RAM:
         best = plan.host_ram_short[0]
         return (f"**It fits the GPUs but not the assumed host RAM — set `host_ram`.** {len(plan.host_ram_short)} "

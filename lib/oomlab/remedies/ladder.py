@@ -26,6 +26,10 @@ from oomlab.core.units import format_size
 from oomlab.remedies.margin import Margin, margin_for
 from oomlab.remedies.remedy import Evaluation, Evaluator
 
+# What costs nothing but the budget cannot size: the caching allocator's fragmentation (part of the margin).
+ALLOCATOR_ADVICE = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (costs nothing: segments grow in place, so "
+                    "fragmentation -- part of the margin -- shrinks; the budget itself does not count on it)")
+
 
 class Kind(enum.Enum):
     """What a change costs the user, beyond memory."""
