@@ -396,7 +396,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise InvalidValueError(f"--method names the user's one method without --any-gpu (got {', '.join(args.method)})"
                                 "; give one of full, lora, qlora, or add --any-gpu to search several")
     if args.write_configs is not None:  # an existing file is refused before the plan (its contents need the plan)
-        from oomlab.remedies.launch_dir import check_destination
+        from oomlab.remedies.launch_writer import check_destination
 
         check_destination(args.write_configs, {})
 
@@ -416,7 +416,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                          method=args.method[0] if args.method else DEFAULTS.method)
     written = None
     if args.write_configs is not None:
-        from oomlab.remedies.launch_dir import write_configs
+        from oomlab.remedies.launch_writer import write_configs
 
         written = write_configs(args.write_configs, plan)
     if args.json:

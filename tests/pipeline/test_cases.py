@@ -12,7 +12,7 @@ from oomlab.explanation.explain import explain
 from oomlab.launch.user import user_launch
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.remedies import display as rd
-from oomlab.remedies import launch_dir
+from oomlab.remedies import launch_writer
 from oomlab.remedies.plan import Outcome, plan_for
 from oomlab.report import story
 from oomlab.report.results import (
@@ -69,10 +69,10 @@ def _run(name: str, tmp_path) -> tuple[dict, object, str]:
     # 03: the plan, its launch files
     plan = plan_for(setup)
     config_dir = tmp_path / "configs"
-    written = launch_dir.write_configs(config_dir, plan)
+    written = launch_writer.write_configs(config_dir, plan)
     rec = plan.recommended
-    model_id = launch_dir.hub_id(plan.configured.setup.model.source) or "PATH/TO/MODEL"
-    command = launch_dir.plan_launch_command(plan, rec, model_id)
+    model_id = launch_writer.hub_id(plan.configured.setup.model.source) or "PATH/TO/MODEL"
+    command = launch_writer.plan_launch_command(plan, rec, model_id)
     verified = {"single_process": checks.verification(checks.FAST, run=False),
                 "fsdp_gloo": checks.verification(("fsdp",), run=False)}
     res = plan_results({"model": model, "gpu": gpu, "gpus": gpus, "seq": 2048, "host_ram": "auto", "trace": False},

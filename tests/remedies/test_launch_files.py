@@ -16,7 +16,7 @@ from oomlab.core.models import load_model
 from oomlab.core.paths import TEMPLATES_DIR
 from oomlab.core.setup import make_setup
 from oomlab.evidence import cpu_launch
-from oomlab.remedies import deepspeed_configs, launch_dir, launch_files
+from oomlab.remedies import deepspeed_configs, launch_files, launch_writer
 from oomlab.remedies.plan import make_plan
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
@@ -34,7 +34,7 @@ def plan():
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory, plan) -> dict[str, Path]:
-    return launch_dir.write_configs(tmp_path_factory.mktemp("configs"), plan)
+    return launch_writer.write_configs(tmp_path_factory.mktemp("configs"), plan)
 
 
 def test_writes_every_file_atomically(written) -> None:
@@ -56,7 +56,7 @@ def test_every_launchable_strategy_has_its_config() -> None:
         Strategy.FSDP2: "accelerate_fsdp2.yaml", Strategy.FSDP2_OFFLOAD: "accelerate_fsdp2_offload.yaml",
         Strategy.DDP: "accelerate_ddp.yaml"}
     zero = {Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.ZERO2_OFFLOAD, Strategy.ZERO3_OFFLOAD}
-    assert set(launch_dir.LAUNCHABLE) == {*launch_files.ACCELERATE_CONFIG, Strategy.SINGLE, *zero}
+    assert set(launch_writer.LAUNCHABLE) == {*launch_files.ACCELERATE_CONFIG, Strategy.SINGLE, *zero}
 
 
 def _setup(strategy: str, **kw):
@@ -157,7 +157,7 @@ def _ds_config(config: dict, world: int, monkeypatch):
 
 def test_plan_writes_its_top_deepspeed_remedies(written, plan) -> None:
     """Each top DeepSpeed remedy of the plan gets its JSON and accelerate config, named in its config_files."""
-    top = launch_dir.top_launches(plan, 3)
+    top = launch_writer.top_launches(plan, 3)
     assert top[0] is plan.recommended and len(top) == 3
     wanted = {name for r in top if r.strategy.deepspeed for name in r.config_files}
     assert wanted and wanted <= set(written)
@@ -176,7 +176,7 @@ def test_deepspeed_loads_each_json(tmp_path, monkeypatch, strategy, precision, o
     from oomlab.budget.deepspeed_config import read_deepspeed_config
 
     setup = _setup(strategy, precision=precision, optimizer=optimizer, gpu=gpu, batch=3, seq=1024)
-    files = launch_dir.write_deepspeed_files(tmp_path, setup)
+    files = launch_writer.write_deepspeed_files(tmp_path, setup)
     json_name, yaml_name = files
     raw = json.loads(files[json_name].read_text())
     cfg = _ds_config(raw, 4, monkeypatch)
@@ -203,7 +203,7 @@ def test_accelerate_loads_each_deepspeed_config(tmp_path, strategy) -> None:
     from accelerate.commands.config.config_args import load_config_from_file
 
     setup = _setup(strategy, precision="bf16-mixed", gpu="a100-80gb")
-    files = launch_dir.write_deepspeed_files(tmp_path, setup)
+    files = launch_writer.write_deepspeed_files(tmp_path, setup)
     json_name, yaml_name = files
     cfg = load_config_from_file(str(files[yaml_name]))
     assert cfg.distributed_type == "DEEPSPEED" and cfg.num_processes == 4
@@ -222,7 +222,7 @@ def test_deepspeed_json_refuses_other_strategies() -> None:
 def test_launch_doc_has_recommended_command(written, plan) -> None:
     """LAUNCH.md carries the exact command of the recommended remedy, with the model and its precision."""
     rec = plan.recommended
-    command = launch_dir.plan_launch_command(plan, rec, "huggyllama/llama-13b")
+    command = launch_writer.plan_launch_command(plan, rec, "huggyllama/llama-13b")
     assert command in written[launch_files.LAUNCH_DOC].read_text()
     assert f"--batch {rec.setup.batch} " in command  # the ladder's fix launches the micro-batch it chose
     assert command.startswith("accelerate launch --config_file ")
@@ -273,7 +273,7 @@ def test_launch_command_uses_the_strategy_config(plan, strategy, optimizer, prec
                    lora_alpha=32, checkpointing=True, seq=1024)
     remedy = replace(plan.recommended, strategy=setup.strategy, optimizer=setup.optimizer,
                      precision=setup.precision, method=Method.LORA, checkpointing=True, max_batch=2, setup=setup)
-    command = launch_dir.launch_command(remedy, "org/model", 1024, 16, 4)
+    command = launch_writer.launch_command(remedy, "org/model", 1024, 16, 4)
     assert command == (f"{head} --model org/model --method lora --seq 1024 --batch 2 --optimizer {optimizer} "
                        f"{LORA_ARGS}")
 
@@ -282,7 +282,7 @@ def test_launch_command_of_a_remedy_read_back(plan) -> None:
     """A remedy read back from results JSON (no setup) still gets the command its fields give."""
     remedy = replace(plan.recommended, strategy=Strategy.FSDP2, method=Method.LORA, precision=Precision.BF16_MIXED,
                      optimizer=Optimizer.ADAMW, checkpointing=False, max_batch=20, setup=None)
-    assert launch_dir.launch_command(remedy, "org/model", 512, 8, 2) == (
+    assert launch_writer.launch_command(remedy, "org/model", 512, 8, 2) == (
         "accelerate launch --config_file accelerate_fsdp2.yaml --num_processes 2 --mixed_precision bf16 train.py "
         "--model org/model --method lora --seq 512 --batch 8 --optimizer adamw --lora-rank 8")
 
@@ -294,7 +294,7 @@ def test_launch_command_of_a_remedy_read_back(plan) -> None:
 def test_launch_command_none_without_a_launch(plan, route, strategy, precision) -> None:
     """No command where no launch file runs the remedy."""
     remedy = replace(plan.recommended, route=route, strategy=strategy, precision=precision)
-    assert launch_dir.launch_command(remedy, "org/model", 1024) is None
+    assert launch_writer.launch_command(remedy, "org/model", 1024) is None
 
 
 # a family of each naming: LLaMA's, Mistral's, Qwen2's, GPT-NeoX's (no "Decoder"), Phi-3's
@@ -309,7 +309,7 @@ def test_decoder_layer_class_is_the_familys(model, layer) -> None:
 @pytest.fixture(scope="module")
 def mistral(tmp_path_factory):
     plan = make_plan(model="mistral-7b", gpu="a100-80gb", gpus=2, precision="bf16-mixed")
-    return plan, launch_dir.write_configs(tmp_path_factory.mktemp("mistral"), plan)
+    return plan, launch_writer.write_configs(tmp_path_factory.mktemp("mistral"), plan)
 
 
 def test_launch_files_carry_a_non_llama_model(mistral, monkeypatch) -> None:
@@ -325,10 +325,10 @@ def test_launch_files_carry_a_non_llama_model(mistral, monkeypatch) -> None:
     script = written[launch_files.TRAIN_SCRIPT].read_text()
     assert 'DEFAULT_MODEL = "mistralai/Mistral-7B-v0.1"' in script and "llama-13b" not in script
     doc = written[launch_files.LAUNCH_DOC].read_text()
-    top = launch_dir.top_launches(plan, 3)
+    top = launch_writer.top_launches(plan, 3)
     assert any(r.strategy.deepspeed for r in top)
     for r in top:
-        command = launch_dir.plan_launch_command(plan, r, "mistralai/Mistral-7B-v0.1")
+        command = launch_writer.plan_launch_command(plan, r, "mistralai/Mistral-7B-v0.1")
         assert command in doc
         words = shlex.split(command)
         batch = int(words[words.index("--batch") + 1])
@@ -448,8 +448,8 @@ def test_deepspeed_remedy_trains_two_steps_on_cpu(tmp_path, strategy, method, pr
     precision and micro-batch the JSON says; losses finite (about 10-20 s each)."""
     setup = tiny_setup(None, strategy=strategy, gpus=2, method=method, precision="bf16-mixed",
                        optimizer="adamw-fused", batch=2, seq=32, checkpointing=strategy == "zero3")
-    files = launch_dir.write_deepspeed_files(tmp_path, setup)
-    (tmp_path / launch_files.TRAIN_SCRIPT).write_text(launch_dir.train_script("org/tiny"))
+    files = launch_writer.write_deepspeed_files(tmp_path, setup)
+    (tmp_path / launch_files.TRAIN_SCRIPT).write_text(launch_writer.train_script("org/tiny"))
     (tmp_path / "tiny.json").write_text(json.dumps({"model_type": setup.model.model_type, **setup.model.config}))
     command = shlex.split(deepspeed_configs.launch_command(setup, "org/tiny"))
     config, mixed = command[command.index("--config_file") + 1], command[command.index("--mixed_precision") + 1]
@@ -544,10 +544,10 @@ def test_deepspeed_json_and_script_accumulate_alike(tmp_path) -> None:
     --accumulation, and accelerate's DeepSpeed prepare accepts the pair (it refuses a mismatch); 2 steps train."""
     setup = tiny_setup(None, strategy="zero2", gpus=2, method="full", precision="bf16-mixed",
                        optimizer="adamw-fused", batch=1, seq=32)
-    files = {name: tmp_path / name for name in launch_dir.deepspeed_texts(setup, 2)}
-    for name, text in launch_dir.deepspeed_texts(setup, 2).items():
+    files = {name: tmp_path / name for name in launch_writer.deepspeed_texts(setup, 2)}
+    for name, text in launch_writer.deepspeed_texts(setup, 2).items():
         files[name].write_text(text)
-    (tmp_path / launch_files.TRAIN_SCRIPT).write_text(launch_dir.train_script("org/tiny"))
+    (tmp_path / launch_files.TRAIN_SCRIPT).write_text(launch_writer.train_script("org/tiny"))
     (tmp_path / "tiny.json").write_text(json.dumps({"model_type": setup.model.model_type, **setup.model.config}))
     command = shlex.split(deepspeed_configs.launch_command(setup, "org/tiny", accumulation=2))
     config = command[command.index("--config_file") + 1]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oomlab.remedies import launch_dir
+from oomlab.remedies import launch_writer
 from oomlab.remedies.plan import make_plan
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -30,7 +30,7 @@ def case(request, tmp_path_factory) -> tuple[Path, int]:
     """A plan written as a user receives it, and its GPU count."""
     kwargs, gpus = CASES[request.param]
     out = tmp_path_factory.mktemp(f"configs-{request.param}")
-    launch_dir.write_configs(out, make_plan(**kwargs))
+    launch_writer.write_configs(out, make_plan(**kwargs))
     return out, gpus
 
 
@@ -103,13 +103,13 @@ def test_prose_counts_processes_and_machines(doc: str, case) -> None:
 
 def test_the_seeds_model(tmp_path: Path) -> None:
     """The seed's commands train huggyllama/llama-13b, the hub id of its spec."""
-    launch_dir.write_configs(tmp_path, make_plan())
+    launch_writer.write_configs(tmp_path, make_plan())
     assert all(words[words.index("--model") + 1] == "huggyllama/llama-13b"
                for words in commands((tmp_path / "LAUNCH.md").read_text()))
 
 
 def test_one_gpu_prose_is_singular(tmp_path: Path) -> None:
     """A one-GPU plan's LAUNCH.md says 1 process."""
-    launch_dir.write_configs(tmp_path, make_plan(model="llama-2-7b", gpu="a100-80gb", gpus=1))
+    launch_writer.write_configs(tmp_path, make_plan(model="llama-2-7b", gpu="a100-80gb", gpus=1))
     doc = (tmp_path / "LAUNCH.md").read_text()
     assert "1 process per machine on 1 machine," in doc

@@ -19,7 +19,7 @@ from oomlab.evidence import agreement
 from oomlab.evidence.checks import verification
 from oomlab.explanation.explain import explain
 from oomlab.remedies.display import micro_batches
-from oomlab.remedies.launch_dir import plan_launch_command, write_configs
+from oomlab.remedies.launch_writer import plan_launch_command, write_configs
 from oomlab.remedies.plan import make_plan
 from oomlab.report import story
 from oomlab.report.results import budget_results, load_results, plan_results, reproduce_results, write_results

@@ -8,7 +8,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "hardware": ("HardwareSearch", "search_hardware"),
     "knobs": ("KnobChange", "knob_table"),
     "ladder": ("Decision", "climb"),
-    "launch_dir": ("write_configs",),
+    "launch_writer": ("write_configs",),
     "placement": ("DeviceMapPlacement", "place_device_map"),
     "plan": ("Outcome", "Plan", "make_plan"),
     "remedy": ("Remedy", "evaluate_remedy"),

@@ -1,6 +1,6 @@
 """The contents of the launch files: one accelerate config per launchable strategy, a DeepSpeed JSON and the accelerate
 config that uses it per DeepSpeed ZeRO remedy (:mod:`.deepspeed_configs`), the training script, and which files launch
-which remedy.  :mod:`.launch_dir` writes them for a plan, with the exact commands.
+which remedy.  :mod:`.launch_writer` writes them for a plan, with the exact commands.
 
 Each accelerate config is what ``accelerate config`` would write for that launch (and loads with accelerate's own
 ``load_config_from_file``); each DeepSpeed JSON has concrete values (no ``"auto"``), so DeepSpeed's own
