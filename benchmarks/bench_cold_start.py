@@ -48,6 +48,8 @@ CASES = (
     ("budget (defaults: llama-13b, 4 x T4)", ["budget"], None),
     ("plan --model llama-13b --gpu t4 --gpus 4", ["plan", "--model", "llama-13b", "--gpu", "t4", "--gpus", "4"], 1.0),
     ("plan --model llama-2-70b --any-gpu", ["plan", "--model", "llama-2-70b", "--any-gpu"], 1.5),
+    ("check --launch 'torchrun --nproc_per_node 4 train.py --fp16' --model llama-13b --gpu t4",
+     ["check", "--launch", "torchrun --nproc_per_node 4 train.py --fp16", "--model", "llama-13b", "--gpu", "t4"], None),
 )
 
 
