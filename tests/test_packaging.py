@@ -3,6 +3,7 @@
 import re
 import subprocess
 from importlib.metadata import distributions
+from pathlib import Path
 
 import tomllib
 import yaml
@@ -111,3 +112,25 @@ def test_running_environment_matches_the_lock() -> None:
     for package, shown in versions():
         if package != "oomlab":
             assert _public(shown) == lock[_normalised(package)], package
+
+
+def test_every_shipped_data_file_is_package_data() -> None:
+    """A non-editable install carries every data file the library reads: each file under specs/, data/ and
+    templates/ matches a package-data glob of pyproject.toml (specs/module-trees.json was missed once)."""
+    import fnmatch
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["oomlab"]
+    package = root / "lib" / "oomlab"
+    shipped = [p.relative_to(package).as_posix() for folder in ("specs", "data", "templates")
+               for p in (package / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+
+    def matches(path: str, pattern: str) -> bool:  # setuptools' ** spans folders; fnmatch's * already does
+        return fnmatch.fnmatch(path, pattern.replace("**/", "")) or fnmatch.fnmatch(path, pattern)
+
+    missing = [path for path in shipped if not any(matches(path, g) and
+                                                   path.count("/") >= g.count("/") - g.count("**")
+                                                   for g in globs)]
+    assert shipped and missing == []
