@@ -31,7 +31,7 @@ def test_each_row_is_the_plans_recommendation(model: str, gpu: str, gpus: int) -
     row = next(o for o in search.options if o.gpus == gpus)
     rec = make_plan(model=model, gpu=gpu, gpus=gpus, host_ram="192GiB").fastest
     assert row.remedy is not None and rec is not None
-    assert row.remedy.to_dict() == rec.to_dict()
+    assert row.remedy.to_dict() == {**rec.to_dict(), "max_seq": None}  # the search skips the length search
     assert row.budgeted <= row.candidates
 
 

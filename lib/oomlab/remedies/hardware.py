@@ -307,7 +307,8 @@ def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes
         most = max(f[2].headroom_bytes for f in rivals[1:])  # make_plan's recommendation)
         rivals = rivals[:1] + [f for f in rivals[1:] if f[2].headroom_bytes == most]
     groups = {_twin_key(f) for f in rivals}
-    remedies = [evaluate_remedy(c.setup, host_ram_bytes, route=c.route, assumptions=assumptions, evaluator=evaluator)
+    remedies = [evaluate_remedy(c.setup, host_ram_bytes, route=c.route, assumptions=assumptions, evaluator=evaluator,
+                                search_seq=False)  # the table shows no length: its search would be wasted
                 for f in found if _twin_key(f) in groups for c in (f[1],)]
     folded = tuple(fold_label_twins(remedies, gpu.bf16))
     remedy = recommend(folded, assumptions.speed_uncertainty)[0] or folded[0]

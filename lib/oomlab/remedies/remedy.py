@@ -257,8 +257,9 @@ def reason(ev: Evaluation, setup: TrainingSetup, host_ram_bytes: int) -> str:
 
 def evaluate_remedy(setup: TrainingSetup, host_ram_bytes: int, *, route: Route = Route.PROCESS_PER_GPU,
                     assumptions: Assumptions = DEFAULT_ASSUMPTIONS, outside_bytes: int | None = None,
-                    evaluator: Evaluator | None = None) -> Remedy:
-    """Budget ``setup`` on ``route``, search its limits and estimate its throughput."""
+                    evaluator: Evaluator | None = None, search_seq: bool = True) -> Remedy:
+    """Budget ``setup`` on ``route``, search its limits and estimate its throughput (``search_seq`` False: no
+    longest-sequence search, ``max_seq`` None -- the hardware search shows no length)."""
     ev_fn = evaluator or Evaluator(host_ram_bytes, outside_bytes)
     ev = ev_fn(setup, route=route)
     placement = ev.placement
@@ -270,7 +271,7 @@ def evaluate_remedy(setup: TrainingSetup, host_ram_bytes: int, *, route: Route =
         return ev_fn(replace(setup, batch=1, seq=s), placement, route).fits
 
     max_batch = largest_true(fits_batch, 1, MAX_BATCH_SEARCH)
-    max_seq = largest_true(fits_seq, 1, setup.model.max_position_embeddings)
+    max_seq = largest_true(fits_seq, 1, setup.model.max_position_embeddings) if search_seq else None
     tps, step = None, None
     if ev.fits:
         b = min(max_batch or setup.batch, assumptions.throughput_batch_cap)
