@@ -215,3 +215,26 @@ def test_launch_errors_are_core_errors() -> None:
 
     assert LaunchConflictError.__module__ == LaunchFileError.__module__ == errors.__name__
     assert issubclass(LaunchConflictError, InvalidValueError) and issubclass(LaunchFileError, InvalidValueError)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_offload_param_below_stage_3_runs_with_parameters_on_the_gpu(tmp_path: Path, stage: int) -> None:
+    """offload_param at stage 1 or 2 is what DeepSpeed runs (it ignores the key): budgeted on the GPU, listed."""
+    zero = {"stage": stage, "offload_param": {"device": "cpu", "pin_memory": True}}
+    ds = _json(tmp_path / "ds.json", {"bf16": {"enabled": True}, "zero_optimization": zero})
+    launch = read_launch(LaunchInputs(command="deepspeed train.py", deepspeed=ds, model="llama-2-7b",
+                                      gpu="a100-80gb", gpus=4))
+    assert launch.setup.strategy is (Strategy.ZERO1 if stage == 1 else Strategy.ZERO2)
+    ignored = [u for u in launch.unmodelled if u.why == "DeepSpeed ignores offload_param below stage 3"]
+    assert [(str(u.origin), u.value) for u in ignored] == [(f"{ds}:8 zero_optimization.offload_param.device", "cpu")]
+
+
+def test_accelerate_offload_param_device_at_stage_2_is_listed_as_ignored(tmp_path: Path) -> None:
+    """accelerate's inline offload_param_device at zero_stage 2: ZeRO-2 on the GPU, the key listed as ignored."""
+    acc = tmp_path / "accelerate.yaml"
+    acc.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 2\n"
+                   "  offload_param_device: cpu\n")
+    launch = read_launch(LaunchInputs(accelerate_config=str(acc), model="llama-2-7b", gpu="a100-80gb"))
+    assert launch.setup.strategy is Strategy.ZERO2
+    assert [str(u.origin) for u in launch.unmodelled if "ignores offload_param" in u.why] == [
+        f"{acc}:5 deepspeed_config.offload_param_device"]

@@ -14,7 +14,8 @@ integration fills in for ``"auto"`` from the model's hidden size ``h`` (``transf
 ``fill_only``/``fill_match`` (lines 108-133) replace a value only where the JSON says ``"auto"``; a key the JSON
 leaves out keeps DeepSpeed's own default (``reduce_bucket_size`` 5e8 elements: a 1 GB half bucket).
 :func:`read_deepspeed_config` reads a JSON that way.  Offload is part of the strategy (``zero2-offload``,
-``zero3-offload``); optimizer offload without parameter offload under stage 3 is ``offload_param=False``.
+``zero3-offload``); optimizer offload without parameter offload under stage 3 is ``offload_param=False``;
+``offload_param`` below stage 3 is ignored, as DeepSpeed ignores it (:func:`ignored_offload_param`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ MAX_REUSE_DISTANCE = 1_000_000_000  # config.py:251 stage3_max_reuse_distance
 MAX_ELEMENTS = 10**15  # a bucket, threshold or distance in elements: 2 PB of half values, beyond any machine
 MAX_MICRO_BATCH = 2**20  # train_micro_batch_size_per_gpu
 AUTO = "auto"
+OFFLOAD_PARAM_IGNORED = "DeepSpeed ignores offload_param below stage 3"
 # the blocks of a DeepSpeed JSON that are mappings, with one example each (what DeepSpeed's config classes accept)
 _BLOCKS = {"fp16": '{"enabled": true}', "bf16": '{"enabled": true}', "optimizer": '{"type": "AdamW"}',
            "zero_optimization": '{"stage": 2}', "offload_optimizer": '{"device": "cpu"}',
@@ -143,8 +145,12 @@ def _device(zero: Mapping[str, Any], key: str) -> str | None:
 def _strategy(stage: Any, optimizer_offload: str | None, param_offload: str | None) -> tuple[Strategy, bool | None]:
     if isinstance(stage, bool) or stage not in (1, 2, 3):
         raise InvalidValueError(f"invalid zero_optimization.stage {stage!r}; oomlab budgets ZeRO stages 1, 2 and 3")
-    if param_offload and stage != 3:
-        raise InvalidValueError(f"offload_param needs ZeRO stage 3; got stage {stage}")
+    if stage != 3:
+        # NB: DeepSpeed runs offload_param below stage 3 and ignores it: engine.py _configure_zero_optimizer hands
+        # stages 1 and 2 only offload_optimizer_config (stage_1_and_2.py DeepSpeedZeroOptimizer takes no param
+        # offload), and zero/config.py DeepSpeedZeroConfig accepts the key at any stage.  The parameters stay on
+        # the GPU; the reader lists the key as not modelled (:func:`ignored_offload_param`).
+        param_offload = None
     if param_offload and not optimizer_offload:
         raise InvalidValueError("offload_param without offload_optimizer is not budgeted; offload both, or neither")
     if stage == 1:
@@ -157,6 +163,15 @@ def _strategy(stage: Any, optimizer_offload: str | None, param_offload: str | No
     if optimizer_offload:
         return Strategy.ZERO3_OFFLOAD, None if param_offload else False
     return Strategy.ZERO3, None
+
+
+def ignored_offload_param(config: Mapping[str, Any]) -> bool:
+    """Does the JSON ask for ``offload_param`` at a ZeRO stage below 3, where DeepSpeed ignores it?"""
+    zero = config.get("zero_optimization")
+    if not isinstance(zero, Mapping) or zero.get("stage") == 3:
+        return False
+    block = zero.get("offload_param")
+    return isinstance(block, Mapping) and str(block.get("device", "none")).lower() != "none"
 
 
 def _enabled(config: Mapping[str, Any], key: str) -> bool | str:

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from oomlab.budget.deepspeed_config import read_deepspeed_config
+from oomlab.budget.deepspeed_config import OFFLOAD_PARAM_IGNORED, ignored_offload_param, read_deepspeed_config
 from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, plain
 from oomlab.core.defaults import DEFAULT_LORA_TARGETS
 from oomlab.core.errors import InvalidValueError, LaunchConflictError, LaunchFileError, UnknownNameError
@@ -289,6 +289,12 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         launch = read_deepspeed_config(config, precision=precision.value, optimizer=fields["optimizer"].value.value,
                                        source=ds.path if ds is not None else None, **common)
         strategy, settings = launch.setup.strategy, launch.settings
+        if ignored_offload_param(config):  # DeepSpeed runs it with the parameters on the GPU
+            where = ds.origin("zero_optimization.offload_param.device") if ds is not None else \
+                refs["offload_param_device"][1]
+            device = ds.get("zero_optimization.offload_param.device") if ds is not None else \
+                refs["offload_param_device"][0]
+            unmodelled.append(Unmodelled(where, device, OFFLOAD_PARAM_IGNORED))
         strategy_origin = ds.origin("zero_optimization.stage") if ds is not None else refs["zero_stage"][1]
     elif kind == "FSDP":
         strategy, strategy_origin = _fsdp_strategy(refs, training_refs.get("fsdp"),
