@@ -14,6 +14,7 @@ PEFT = "peft 0.21"
 # DeepSpeed JSON keys that enter the budget (oomlab.budget.deepspeed_config reads them)
 DEEPSPEED_KEYS = frozenset({
     "fp16.enabled", "bf16.enabled", "optimizer.type", "train_micro_batch_size_per_gpu", "data_types.grad_accum_dtype",
+    "train_batch_size", "gradient_accumulation_steps",  # the batch arithmetic (oomlab.launch.batch)
     *(f"zero_optimization.{k}" for k in (
         "stage", "offload_optimizer.device", "offload_param.device", "reduce_bucket_size", "allgather_bucket_size",
         "overlap_comm", "contiguous_gradients", "stage3_max_live_parameters", "stage3_max_reuse_distance",
@@ -22,6 +23,7 @@ DEEPSPEED_KEYS = frozenset({
 
 # TrainingArguments (and TRL SFTConfig / ModelConfig) names, as JSON keys or as --flags of a transformers-style script
 BATCH_KEYS = ("per_device_train_batch_size",)
+ACCUMULATION_KEYS = ("gradient_accumulation_steps",)  # read for a DeepSpeed JSON's batch arithmetic
 SEQ_KEYS = ("max_seq_length", "max_length", "model_max_length", "block_size", "max_seq_len", "seq_length")
 CHECKPOINTING_KEYS = ("gradient_checkpointing", "activation_checkpointing")  # the second: 5.x's new name
 OPTIM_KEYS = ("optim",)

@@ -210,6 +210,9 @@ def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, An
             refs[name] = hit
         elif hit[0] and hit[1] is None and not is_json:
             refs[name] = hit  # a bare --deepspeed: the script reads its own JSON (given with --deepspeed F)
+    hit = _first(look, K.ACCUMULATION_KEYS)
+    if hit[0] and hit[1] is not None:  # fills a DeepSpeed JSON's "auto" (oomlab.launch.batch)
+        refs["gradient_accumulation_steps"] = (int_value(hit[1], hit[2], MAX_BATCH), hit[2])
     hit = _first(look, K.MODEL_KEYS)
     if hit[0] and hit[1]:
         refs["model"] = hit

@@ -17,6 +17,7 @@ from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.setup import make_setup
 from oomlab.core.user_input import shown
 from oomlab.launch import keys as K
+from oomlab.launch.batch import World, deepspeed_batch
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import Launcher, parse_command
 from oomlab.launch.files import LaunchFile, read_json, read_yaml
@@ -269,6 +270,11 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     _quantization_and_adapter(claims, inputs, spec, unmodelled, files)
     env = dict(cmd.env) if cmd is not None else {}
     _processes(claims, inputs, cmd.launcher if cmd else None, refs, env)
+    if ds is not None:
+        gpus_won, nodes_won = claims.winner("gpus"), claims.winner("nodes")
+        world = World(gpus_won.value, gpus_won.origin, nodes_won.value if nodes_won else 1,
+                      nodes_won.origin if nodes_won else None)
+        deepspeed_batch(claims, ds, world, training_refs.get("gradient_accumulation_steps"))
     _defaults(claims, trainer, spec)
     fields = {name: claims.winner(name) for name in list(claims.said)}
     kind, kind_origin = _strategy(claims, refs, ds, training_refs.get("fsdp"))
