@@ -8,6 +8,7 @@ fields, each flag its own origin.  Environment assignments in front (``CUDA_VISI
 from __future__ import annotations
 
 import enum
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ _SWITCHES = {
     Launcher.PYTHON: {"-u", "-O", "-B"},
 }
 _TORCH_RUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_VAR = re.compile(r"\$(\w+)|\$\{(\w+)\}")
 
 
 @dataclass(frozen=True)
@@ -155,3 +157,18 @@ def parse_command(text: str) -> LaunchCommand:
         raise InvalidValueError(f"no training script in the launch command {text!r}")
     return LaunchCommand(text=" ".join(text.split()), launcher=launcher, env=tuple(env), options=tuple(options),
                          script=script, flags=split_flags(rest[i:]))
+
+
+def expand_env(value: str | None, env: dict[str, str]) -> str | None:
+    """A launcher value with ``$NAME`` / ``${NAME}`` filled from the command's own assignments
+    (``SLURM_NNODES=2 torchrun --nnodes $SLURM_NNODES``); a name not assigned is refused naming it."""
+    if value is None or "$" not in value:
+        return value
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in env:
+            raise InvalidValueError(f"{value!r} names ${name}, which the launch command does not set; write its value "
+                                    f"(or put {name}=... in front of the command)")
+        return env[name]
+    return _VAR.sub(fill, value)

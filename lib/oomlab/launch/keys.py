@@ -83,6 +83,6 @@ LAUNCHER_OPTIONS = {
                           "--use_fsdp", "--mixed_precision", "--deepspeed_config_file", "--zero_stage",
                           "--zero3_init_flag", "--offload_optimizer_device", "--offload_param_device",
                           "--fsdp_version", "--fsdp_offload_params", "--gpu_ids"},
-    "deepspeed": {"--num_gpus", "--num_nodes", "--include"},
+    "deepspeed": {"--num_gpus", "--num_accelerators", "--num_nodes", "--num_node", "--hostfile", "-H", "--include"},
     "python": set(),
 }

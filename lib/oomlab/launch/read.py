@@ -25,7 +25,7 @@ from oomlab.core.setup import TrainingSetup
 from oomlab.core.user_input import shown
 from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims, Strength
-from oomlab.launch.command import LaunchCommand, Launcher
+from oomlab.launch.command import LaunchCommand, Launcher, expand_env
 from oomlab.launch.files import LaunchFile
 from oomlab.launch.origin import (
     Origin,
@@ -301,21 +301,29 @@ def _numbered(key: str, value: Any, origin: Origin) -> tuple[Any, Origin]:
     return value, origin
 
 
-def _nodes(value: Any, origin: Origin) -> int:
-    """torchrun's ``--nnodes N`` or ``MIN:MAX`` (elastic): the most nodes, each bound checked."""
+def _nodes(value: Any, origin: Origin) -> tuple[int, Origin]:
+    """torchrun's ``--nnodes N`` or ``MIN:MAX`` (elastic, torch/distributed/run.py ``parse_min_max_nnodes``): the
+    fewest nodes, each bound checked.  An elastic job starts, and restarts after a node is lost, with as few as MIN
+    nodes; every sharded state per GPU (ZeRO, FSDP) and a DeepSpeed train_batch_size's micro-batch are largest on
+    the fewest, so MIN is the world a fit must survive."""
     parts = [int_value(part, origin, MAX_PROCESSES) for part in str(value).split(":")]
     if len(parts) > 2 or parts[0] > parts[-1]:
         raise InvalidValueError(f"{origin}: expected N or MIN:MAX nodes with MIN <= MAX, got {shown(value)}")
-    return parts[-1]
+    if len(parts) == 1 or parts[0] == parts[1]:
+        return parts[0], origin
+    return parts[0], Origin(origin.kind, f"{origin.where} (elastic: its fewest nodes, where each GPU holds most)")
 
 
 def launcher_refs(claims: Claims, cmd: LaunchCommand) -> dict[str, Any]:
     """What the launcher's own options say: processes, nodes, distributed type, precision, DeepSpeed knobs."""
     refs: dict[str, Any] = {}
 
+    env = dict(cmd.env)
+
     def opt(*names: str) -> tuple[Any, Origin] | None:
         found = cmd.option(*names)
-        return None if found is None else (found[1], flag_origin(f"{found[0]} {found[1] or ''}".strip()))
+        return None if found is None else (expand_env(found[1], env),
+                                           flag_origin(f"{found[0]} {found[1] or ''}".strip()))
 
     if cmd.launcher is Launcher.TORCHRUN:
         n, nodes = opt("--nproc_per_node", "--nproc-per-node"), opt("--nnodes")
@@ -324,14 +332,22 @@ def launcher_refs(claims: Claims, cmd: LaunchCommand) -> dict[str, Any]:
         elif n is None:
             claims.say("gpus", 1, default_origin("torch torchrun", "--nproc_per_node 1"), Strength.DEFAULT)
         if nodes:
-            claims.say("nodes", _nodes(nodes[0], nodes[1]), nodes[1])
+            claims.say("nodes", *_nodes(nodes[0], nodes[1]))
     elif cmd.launcher is Launcher.DEEPSPEED:
-        n, nodes = opt("--num_gpus"), opt("--num_nodes")
+        # runner.py parse_args: --num_gpus/--num_accelerators; --num_nodes, which argparse's prefix matching also
+        # takes as --num_node; -H/--hostfile
+        n, nodes, hostfile = opt("--num_gpus", "--num_accelerators"), opt("--num_nodes", "--num_node"), \
+            opt("--hostfile", "-H")
         if n:
             claims.say("gpus", int_value(n[0], n[1], MAX_PROCESSES), n[1])
-        if nodes:
-            claims.say("nodes", int_value(nodes[0], nodes[1], MAX_PROCESSES), nodes[1])
+        count = None if nodes is None else int_value(nodes[0], nodes[1], MAX_PROCESSES)
+        if hostfile:  # read by oomlab.launch.nodes: --num_nodes keeps its first hosts
+            refs["hostfile"] = (hostfile[0], hostfile[1], count, None if nodes is None else nodes[1], n is not None)
+        elif nodes:
+            claims.say("nodes", count, nodes[1])
         refs["distributed_type"] = ("DEEPSPEED", flag_origin("deepspeed (the launcher)"))
+    elif cmd.launcher is Launcher.PYTHON and "SLURM_NTASKS_PER_NODE" in env:
+        pass  # srun starts SLURM_NTASKS_PER_NODE processes per node (oomlab.launch.nodes.slurm_claims)
     elif cmd.launcher is Launcher.PYTHON:
         claims.say("gpus", 1, flag_origin("python (one process)"))
     else:

@@ -21,6 +21,7 @@ from oomlab.launch.batch import World, deepspeed_batch
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import Launcher, parse_command
 from oomlab.launch.files import LaunchFile, read_json, read_yaml
+from oomlab.launch.nodes import hostfile_path, read_hostfile, slurm_claims
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, assumed, default_origin, file_origin, flag_origin
 from oomlab.launch.read import (
     ASSUMED_SEQ,
@@ -79,13 +80,26 @@ def _from_command(inputs: LaunchInputs, value: str) -> str:
     return str(path if path.is_absolute() or not inputs.command_dir else Path(inputs.command_dir) / path)
 
 
+def _hostfile_claims(claims: Claims, inputs: LaunchInputs, ref: tuple[Any, ...]) -> None:
+    """A deepspeed ``--hostfile``: its first ``--num_nodes`` hosts are the nodes, their slots the GPUs per node
+    (unless ``--num_gpus`` says)."""
+    value, origin, num_nodes, num_nodes_origin, gpus_given = ref
+    hostfile = read_hostfile(hostfile_path(str(value), inputs.command_dir), origin)
+    nodes = hostfile.nodes(num_nodes)
+    claims.say("nodes", nodes, num_nodes_origin if num_nodes is not None and num_nodes <= nodes else hostfile.origin())
+    if not gpus_given:
+        claims.say("gpus", *hostfile.slots(nodes))
+
+
 def _processes(claims: Claims, inputs: LaunchInputs, launcher: Launcher | None, refs: dict[str, Any],
-               env: dict[str, str]) -> None:
-    """How many processes (GPUs) per node: the launcher's, against the machine's ``--gpus``."""
-    visible = _visible_devices(env["CUDA_VISIBLE_DEVICES"]) if "CUDA_VISIBLE_DEVICES" in env else None
+               env: dict[str, str], node_gpus: int | None = None) -> None:
+    """How many processes (GPUs) per node: the launcher's, against the machine's ``--gpus`` (or what the command's
+    CUDA_VISIBLE_DEVICES or SLURM_GPUS_ON_NODE shows)."""
+    visible = _visible_devices(env["CUDA_VISIBLE_DEVICES"]) if "CUDA_VISIBLE_DEVICES" in env else node_gpus
     machine = inputs.gpus if inputs.gpus is not None else visible
+    shown_env = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in env or node_gpus is None else "SLURM_GPUS_ON_NODE"
     machine_origin = flag_origin(f"--gpus {inputs.gpus}") if inputs.gpus is not None else \
-        flag_origin(f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')}")
+        flag_origin(f"{shown_env}={env.get(shown_env)}")
     if "num_processes" in refs:
         total, origin = refs["num_processes"]
         nodes = claims.winner("nodes")
@@ -269,7 +283,10 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
                                       f"{ds.get('zero_optimization.stage')}")
     _quantization_and_adapter(claims, inputs, spec, unmodelled, files)
     env = dict(cmd.env) if cmd is not None else {}
-    _processes(claims, inputs, cmd.launcher if cmd else None, refs, env)
+    node_gpus = slurm_claims(claims, env, cmd.launcher if cmd else None)
+    if "hostfile" in refs:
+        _hostfile_claims(claims, inputs, refs["hostfile"])
+    _processes(claims, inputs, cmd.launcher if cmd else None, refs, env, node_gpus)
     if ds is not None:
         gpus_won, nodes_won = claims.winner("gpus"), claims.winner("nodes")
         world = World(gpus_won.value, gpus_won.origin, nodes_won.value if nodes_won else 1,
