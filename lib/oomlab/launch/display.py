@@ -64,7 +64,8 @@ def _assumptions(result: CheckResult) -> list[str]:
     out = list(result.launch.assumptions)
     n = len(result.launch.unmodelled)
     if n:
-        out.append(f"{n} keys/flags read but not modelled (listed with --json), e.g. "
+        out.append(f"{n} keys/flags read but not modelled (listed with --json), those that could "
+                   "change memory most first: "
                    + "; ".join(str(u) for u in result.launch.unmodelled[:3]))
     out += [note for note in result.budget.notes if note.startswith(("outside PyTorch", "allocator overhead"))]
     out.append(result.host_ram.text)
@@ -91,7 +92,8 @@ def render_check(result: CheckResult) -> str:
                          + f" ({format_size(fix.per_gpu_peak_bytes)} per GPU, {result.decision.fixed.word})")
             lines += [f"  {h}" for h in fix.how] + [f"  launch: {fix.launch}"]
     if result.launch.unmodelled:
-        lines += ["", f"not modelled ({len(result.launch.unmodelled)}):"]
+        lines += ["", f"not modelled ({len(result.launch.unmodelled)}, those that could change memory most "
+                  "first):"]
         lines += [f"  {u}" for u in result.launch.unmodelled[:MAX_UNMODELLED_SHOWN]]
         if len(result.launch.unmodelled) > MAX_UNMODELLED_SHOWN:
             lines.append(f"  ... and {len(result.launch.unmodelled) - MAX_UNMODELLED_SHOWN} more (--json)")

@@ -3,7 +3,12 @@ mapped to oomlab's choices.  Everything else a file or command holds is listed a
 
 from __future__ import annotations
 
+import enum
+import re
+from collections.abc import Iterable
+
 from oomlab.core.choices import Optimizer, Precision
+from oomlab.launch.origin import OriginKind, Unmodelled
 from oomlab.remedies.deepspeed_configs import ACCELERATE_MIXED_PRECISION
 
 TRANSFORMERS = "transformers 5.24"  # the installed releases whose defaults fill what the user left out
@@ -86,3 +91,66 @@ LAUNCHER_OPTIONS = {
     "deepspeed": {"--num_gpus", "--num_accelerators", "--num_nodes", "--num_node", "--hostfile", "-H", "--include"},
     "python": set(),
 }
+
+
+class MemoryEffect(enum.IntEnum):
+    """How much a key oomlab did not read could change GPU memory; the replies list unread keys in this order."""
+
+    BATCH = 0  # the micro-batch (or what multiplies into it): activations scale with it
+    SEQUENCE = 1  # the sequence length, packing: activations (and attention's s x s) scale with it
+    METHOD = 2  # full fine-tuning, an adapter, a trainer with reference / reward models: which states exist
+    PRECISION = 3  # the dtype of weights, activations and optimizer states
+    WORLD = 4  # processes and nodes: every sharded figure divides by the world size
+    SHARDING = 5  # ZeRO stages, FSDP, offload, buckets: which states each GPU holds
+    QUANTIZATION = 6  # a 4- or 8-bit base
+    CHECKPOINTING = 7  # activation recomputation
+    ATTENTION = 8  # the attention kernel (whether s x s probabilities are saved)
+    OPTIMIZER = 9  # the optimizer's states per parameter
+    OTHER = 10  # not known to oomlab either way
+    HARMLESS = 11  # logging, saving, evaluation cadence, output paths, schedules: no GPU memory
+
+
+# the first pattern (in MemoryEffect order) found in a key's name decides; names are lower case, "-" as "_"
+_EFFECT_PATTERNS: tuple[tuple[MemoryEffect, re.Pattern[str]], ...] = tuple(
+    (effect, re.compile(pattern)) for effect, pattern in (
+        (MemoryEffect.BATCH, r"batch|accumulation"),
+        (MemoryEffect.SEQUENCE, r"seq|length|_len\b|^len\b|cutoff|block_size|context|packing|max_tokens"),
+        (MemoryEffect.METHOD, r"lora|peft|adapter|finetuning_type|freeze|target_modules|dora|modules_to_save|"
+                              r"ref_model|reward|value_model|dpo|orpo|kto|grpo|ppo|num_generations|trainer"),
+        (MemoryEffect.PRECISION, r"fp16|bf16|fp32|fp8|dtype|precision|half|\bamp\b"),
+        (MemoryEffect.WORLD, r"nproc|nnodes|num_nodes?\b|num_gpus|num_accelerators|num_processes|num_machines|"
+                             r"world_size|hostfile|^h$|^include$|^exclude$|gpu_ids|slurm"),
+        (MemoryEffect.SHARDING, r"zero|offload|fsdp|deepspeed|stage3|bucket|shard|tensor_parallel|tp_size|"
+                                r"pipeline|sub_group"),
+        (MemoryEffect.QUANTIZATION, r"quant|4bit|8bit|bnb|nf4|gptq|awq"),
+        (MemoryEffect.CHECKPOINTING, r"checkpointing|recompute|use_reentrant"),
+        (MemoryEffect.ATTENTION, r"attn|attention"),
+        (MemoryEffect.OPTIMIZER, r"^optim\b|^optim_|^optimizer(\.type)?$|galore|paged"),
+        (MemoryEffect.HARMLESS, r"log|report_to|save|eval|output_dir|seed|hub|run_name|wandb|tensorboard|print|"
+                                r"wall_clock|resume|overwrite|do_train|do_predict|epoch|max_steps|learning_rate|"
+                                r"(^|\.)lr$|warmup|scheduler|weight_decay|beta|eps(ilon)?$|grad_norm|clipping|"
+                                r"master_port|master_addr|rdzv|profiler|dataloader|num_workers|tqdm|"
+                                r"remove_unused_columns|label_names|compute_environment|machine_rank|debug|plot"),
+    ))
+
+
+def memory_effect(name: str) -> MemoryEffect:
+    """The effect on memory a key or flag named ``name`` (``--per_device_eval_batch_size``,
+    ``zero_optimization.offload_param.pin_memory``, ``logging_steps``) could have."""
+    text = name.strip().lstrip("-").lower().replace("-", "_")
+    return next((effect for effect, pattern in _EFFECT_PATTERNS if pattern.search(text)), MemoryEffect.OTHER)
+
+
+def unmodelled_effect(item: Unmodelled) -> MemoryEffect:
+    """A key read but not modelled, by its name (a file's key, a flag's name); a key said to change nothing is
+    harmless whatever its name."""
+    if item.why == "does not change GPU memory":
+        return MemoryEffect.HARMLESS
+    origin = item.origin
+    name = origin.key if origin.kind is OriginKind.FILE else (origin.where.split() or [""])[0]
+    return memory_effect(name.split("=")[0])
+
+
+def ranked(items: Iterable[Unmodelled]) -> tuple[Unmodelled, ...]:
+    """``items`` with those that could change memory most first (read order kept within one effect)."""
+    return tuple(sorted(items, key=unmodelled_effect))
