@@ -96,16 +96,14 @@ def read_message(launch: UserLaunch, text: str | bytes) -> tuple[MessageReading,
     inferred = _infer(s, launch, step_phase, needed) if differs else ()
     where = f"in the {step_phase.value} phase" if step_phase else f"({phase_text})"
     usable = s.gpu.total_memory_bytes - (result.per_gpu_peak_bytes - result.allocated_peak_bytes)
-    earlier = [p for p in _ORDER[:_ORDER.index(step_phase)] if sum(result.phases[p].values()) > usable] \
-        if step_phase is not None else []
-    if earlier:  # the setup as read dies before the phase the run reached
-        p = earlier[0]
+    earlier = [_phase_bytes(result, p) for p in _ORDER[:_ORDER.index(step_phase)]] if step_phase else []
+    dead = next(((p, b) for p, b in earlier if b > usable), None)
+    if dead is not None:  # the setup as read dies before the phase the run reached
+        p, held = dead
         sentence = (f"The message shows the run reached the {step_phase.value} phase ({format_size(needed or 0)} "
                     f"needed there); the setup as read would already fail in the {p.value} phase, at "
-                    f"{format_size(sum(result.phases[p].values()))} allocated: the run that died differed from the "
-                    "setup as read.")
-        return MessageReading(step_phase, phase_text, needed, p, sum(result.phases[p].values()), margin, True, (),
-                              sentence), exp
+                    f"{format_size(held)} allocated: the run that died differed from the setup as read.")
+        return MessageReading(step_phase, phase_text, needed, p, held, margin, True, (), sentence), exp
     if needed is None:
         sentence = (f"The message prints no allocated figure to set against the budget; the setup as read predicts "
                     f"{format_size(predicted)} allocated at its {predicted_phase.value} peak.")

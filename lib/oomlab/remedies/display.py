@@ -96,7 +96,7 @@ def verdict(plan: Plan) -> str:
         return f"**It fits as configured** on {where}" + (f", with the margin ({margin})." if margin else ".")
     if outcome is Outcome.FIXED:
         rec = plan.recommended or plan.remedies[0]
-        if plan.ladder_fix is not None:
+        if plan.fix is not None:
             kinds = "; ".join(s.words for s in plan.decision.steps)
             return (f"**It fits with a change:** {rec.name} on {where}, with the margin — the least disruptive "
                     f"change that does: {kinds}.")

@@ -95,12 +95,6 @@ class Plan:
         return tuple(r for r in self.remedies if r.fits)
 
     @property
-    def ladder_fix(self) -> Remedy | None:
-        """The ladder's least disruptive fix (None: it fits as configured, or nothing on the ladder fits with the
-        margin)."""
-        return self.fix
-
-    @property
     def fastest(self) -> Remedy | None:
         """The fastest sound launchable remedy of the grid (:func:`recommend`): what the hardware search ranks, a
         different question from the fix of the user's run."""
@@ -124,7 +118,7 @@ class Plan:
         """Why the recommended remedy is the one it is (why not rank 1, when it is not)."""
         if self.decision is not None and self.decision.verdict.fits:
             return "it fits as configured, with the margin: nothing to change"
-        if self.ladder_fix is not None:
+        if self.fix is not None:
             steps = "; ".join(s.words for s in self.decision.steps)
             margin = self.decision.fixed.margin.words
             return f"rank 1: the least disruptive change that fits with the margin ({margin}) -- {steps}"
@@ -134,7 +128,7 @@ class Plan:
     def outcome(self) -> Outcome:
         if self.decision is not None and self.decision.verdict.fits or self.decision is None and self.configured.fits:
             return Outcome.FITS
-        if self.ladder_fix is not None:
+        if self.fix is not None:
             return Outcome.FIXED
         if self.decision is not None and (self.decision.verdict.tight or self.decision.tight):
             return Outcome.TIGHT
