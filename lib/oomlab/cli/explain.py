@@ -1,0 +1,62 @@
+"""``python -m oomlab explain``: decode an out-of-memory message and explain it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from oomlab.cli.common import (
+    Formatter,
+    gpu_help,
+    model_help,
+    path_argument,
+    positive_int,
+)
+from oomlab.core.choices import Method, Optimizer, Strategy
+from oomlab.core.errors import InvalidValueError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    exp = sub.add_parser("explain", help="decode an out-of-memory message (and its traceback) and explain it",
+                         formatter_class=Formatter)
+    exp.add_argument("text", nargs="?", default=None,
+                     help="the message (or a whole traceback/log); '-' or nothing reads standard input")
+    exp.add_argument("--file", type=path_argument, default=None, help="read the message from this file instead")
+    exp.add_argument("--model", default=None, help=model_help() + ": name the tensors")
+    exp.add_argument("--gpu", default=None, help=gpu_help() + " (none: inferred from the total capacity)")
+    exp.add_argument("--dtype", default=None, help="float16, bfloat16 or float32 (none: every dtype that fits)")
+    for flag, what in (("--gpus", "GPUs per node"), ("--nodes", "nodes"), ("--batch", "micro-batch per GPU"),
+                       ("--seq", "sequence length")):  # the run's, which no message states: none = solved if it can be
+        exp.add_argument(flag, type=positive_int, default=None, help=f"{what} (none: not known)")
+    for flag, kind in (("--strategy", Strategy), ("--method", Method), ("--optimizer", Optimizer)):
+        exp.add_argument(flag, choices=[c.value for c in kind], default=None, help="the run's (none: not known)")
+    exp.add_argument("--json", action="store_true", help="print the explanation as JSON")
+
+
+def _read_explain_input(args: argparse.Namespace) -> str:
+    if args.file is not None and args.text is not None:
+        raise InvalidValueError(
+            f"give the message as TEXT or --file, not both (got TEXT and --file {str(args.file)!r})")
+    from oomlab.core.user_input import read_stream_text, read_user_text
+    from oomlab.explanation.message import MAX_INPUT_BYTES
+
+    # bounded: a regular file (never /dev/zero or a FIFO) or standard input of at most MAX_INPUT_BYTES, UTF-8
+    if args.file is not None:
+        return read_user_text(args.file, "--file", max_bytes=MAX_INPUT_BYTES)
+    if args.text is None or args.text == "-":
+        return read_stream_text(sys.stdin, "standard input", max_bytes=MAX_INPUT_BYTES)
+    return args.text
+
+
+def command(args: argparse.Namespace) -> int:
+    from oomlab.explanation.display import render_explanation
+    from oomlab.explanation.explain import explain
+
+    run = {k: getattr(args, k) for k in ("gpus", "nodes", "strategy", "method", "optimizer", "batch", "seq")}
+    result = explain(_read_explain_input(args), model=args.model, gpu=args.gpu, dtype=args.dtype, **run)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(render_explanation(result), end="")
+    return 0
