@@ -132,6 +132,40 @@ class Optimizer(Choice):
         return self in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
 
 
+class Trainer(Choice):
+    """Which training loop runs the step: what is resident beside the trained model, and how many sequences a
+    micro-batch's forward carries (the budget of each: :mod:`oomlab.budget.trainers`).
+
+    - ``sft``: transformers' Trainer / TRL's SFTTrainer: one model, ``batch`` sequences.
+    - ``dpo``: TRL's DPOTrainer (and IPO, its ``loss_type="ipo"``): a frozen reference model (none with
+      ``precompute_ref_log_probs``; with LoRA, the adapter-disabled base), chosen and rejected concatenated.
+    - ``orpo``: TRL's ORPOTrainer: no reference model, chosen and rejected concatenated.
+    - ``kto``: TRL's KTOTrainer: a frozen reference model, unpaired examples (plus a mismatched KL batch).
+    - ``grpo``: TRL's GRPOTrainer: the policy generates ``num_generations`` completions per prompt; a reference model
+      unless ``beta=0``.
+    - ``ppo``: TRL's PPOTrainer: policy, reference, reward and value models, with generation.
+    - ``reward``: TRL's RewardTrainer: a sequence-classification model scoring chosen and rejected (2 × batch).
+    """
+
+    SFT = "sft"  # supervised fine-tuning: the model alone
+    DPO = "dpo"  # direct preference optimization (IPO too): reference model, chosen + rejected
+    ORPO = "orpo"  # odds-ratio preference optimization: no reference model, chosen + rejected
+    KTO = "kto"  # Kahneman-Tversky optimization: reference model, unpaired examples
+    GRPO = "grpo"  # group relative policy optimization: generation, reference unless beta=0
+    PPO = "ppo"  # proximal policy optimization: policy, reference, reward and value models, generation
+    REWARD = "reward"  # reward modelling: chosen and rejected scored by one model
+
+    @property
+    def preference(self) -> bool:
+        """Does a micro-batch's forward carry chosen and rejected sequences concatenated (2 × batch)?"""
+        return self in (Trainer.DPO, Trainer.ORPO, Trainer.REWARD)
+
+    @property
+    def generates(self) -> bool:
+        """Does the step generate completions (a KV cache) before the training forward?"""
+        return self in (Trainer.GRPO, Trainer.PPO)
+
+
 class Attention(Choice):
     """transformers' attention implementation."""
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, choice
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, Trainer, choice
 from oomlab.core.defaults import DEFAULT_LORA_TARGETS, DEFAULTS, launch_strategy
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import GPUSpec, load_gpu
@@ -54,6 +54,9 @@ class TrainingSetup:
     lora_rank: int
     lora_alpha: int
     lora_targets: tuple[str, ...]
+    # the training loop (SFT, DPO, GRPO, ...): what is resident beside the model and how many sequences a forward
+    # carries; defaulted so a setup built field by field (a record written before it existed) is the SFT it was
+    trainer: Trainer = DEFAULTS.trainer
 
     @property
     def world_size(self) -> int:
@@ -68,7 +71,7 @@ class TrainingSetup:
 
 
 _CHOICE_FIELDS = {"strategy": Strategy, "method": Method, "precision": Precision, "optimizer": Optimizer,
-                  "attention": Attention}
+                  "attention": Attention, "trainer": Trainer}
 
 
 MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest single NVLink domain sold; a plan of more answers slowly
@@ -163,6 +166,7 @@ def make_setup(
     lora_rank: int = DEFAULTS.lora_rank,
     lora_alpha: int = DEFAULTS.lora_alpha,
     lora_targets: Sequence[str] | str = DEFAULTS.lora_targets,
+    trainer: str | Trainer = DEFAULTS.trainer,
 ) -> TrainingSetup:
     """Build and validate a :class:`TrainingSetup` from names (as typed on the CLI) or objects; what is not given is
     :data:`~oomlab.core.defaults.DEFAULTS`', and the strategy follows :func:`~oomlab.core.defaults.launch_strategy`
@@ -187,5 +191,6 @@ def make_setup(
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
             lora_targets=tuple(lora_targets),
+            trainer=choice(Trainer, trainer, "trainer"),
         )
     )
