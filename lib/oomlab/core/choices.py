@@ -166,6 +166,22 @@ class Trainer(Choice):
         return self in (Trainer.GRPO, Trainer.PPO)
 
 
+class Reference(Choice):
+    """Whether the trainer's frozen reference model is in GPU memory while training (what
+    :class:`Trainer` does by default, or the user's setting that changes it).
+
+    - ``default``: as the trainer's config defaults it (TRL 1.16: DPO and KTO keep one, GRPO's ``beta=0.0`` none,
+      PPO one; SFT, ORPO and reward modelling have none).
+    - ``resident``: a reference model throughout (GRPO with ``beta > 0``).
+    - ``none``: no reference during training: DPO / KTO ``precompute_ref_log_probs=True`` (one extra pass over the
+      data before training computes the reference log-probabilities), GRPO ``beta=0.0``.
+    """
+
+    DEFAULT = "default"  # the trainer's own default
+    RESIDENT = "resident"  # a frozen reference model held all step
+    NONE = "none"  # precomputed reference log-probabilities, or no KL term
+
+
 class Attention(Choice):
     """transformers' attention implementation."""
 

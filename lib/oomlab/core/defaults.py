@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, Trainer, choice
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_GPUS, SEED_MODEL
 
 __all__ = ["DEFAULTS", "DEFAULT_LORA_ALPHA", "DEFAULT_LORA_TARGETS", "SetupDefaults", "launch_strategy"]
@@ -46,6 +46,7 @@ class SetupDefaults:
     lora_alpha: int = DEFAULT_LORA_ALPHA
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     trainer: Trainer = Trainer.SFT  # the training loop: supervised fine-tuning (transformers' Trainer / SFTTrainer)
+    reference: Reference = Reference.DEFAULT  # the trainer's reference model as its config defaults it
 
 
 DEFAULTS = SetupDefaults()

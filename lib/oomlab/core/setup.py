@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, Trainer, choice
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
 from oomlab.core.defaults import DEFAULT_LORA_TARGETS, DEFAULTS, launch_strategy
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import GPUSpec, load_gpu
@@ -57,6 +57,7 @@ class TrainingSetup:
     # the training loop (SFT, DPO, GRPO, ...): what is resident beside the model and how many sequences a forward
     # carries; defaulted so a setup built field by field (a record written before it existed) is the SFT it was
     trainer: Trainer = DEFAULTS.trainer
+    reference: Reference = DEFAULTS.reference  # the trainer's reference model: its default, resident or none
 
     @property
     def world_size(self) -> int:
@@ -71,7 +72,7 @@ class TrainingSetup:
 
 
 _CHOICE_FIELDS = {"strategy": Strategy, "method": Method, "precision": Precision, "optimizer": Optimizer,
-                  "attention": Attention, "trainer": Trainer}
+                  "attention": Attention, "trainer": Trainer, "reference": Reference}
 
 
 MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest single NVLink domain sold; a plan of more answers slowly
@@ -167,6 +168,7 @@ def make_setup(
     lora_alpha: int = DEFAULTS.lora_alpha,
     lora_targets: Sequence[str] | str = DEFAULTS.lora_targets,
     trainer: str | Trainer = DEFAULTS.trainer,
+    reference: str | Reference = DEFAULTS.reference,
 ) -> TrainingSetup:
     """Build and validate a :class:`TrainingSetup` from names (as typed on the CLI) or objects; what is not given is
     :data:`~oomlab.core.defaults.DEFAULTS`', and the strategy follows :func:`~oomlab.core.defaults.launch_strategy`
@@ -192,5 +194,6 @@ def make_setup(
             lora_alpha=lora_alpha,
             lora_targets=tuple(lora_targets),
             trainer=choice(Trainer, trainer, "trainer"),
+            reference=choice(Reference, reference, "reference"),
         )
     )
