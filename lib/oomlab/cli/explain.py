@@ -1,4 +1,5 @@
-"""``python -m oomlab explain``: decode an out-of-memory message and explain it."""
+"""``python -m oomlab explain``: decode an out-of-memory message and explain it, or explain a memory snapshot
+(``--snapshot``: torch.cuda.memory._dump_snapshot's pickle) beside the budget of the same setup."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         exp.add_argument(flag, type=positive_int, default=None, help=f"{what} (none: not known)")
     for flag, kind in (("--strategy", Strategy), ("--method", Method), ("--optimizer", Optimizer)):
         exp.add_argument(flag, choices=[c.value for c in kind], default=None, help="the run's (none: not known)")
+    exp.add_argument("--snapshot", type=path_argument, default=None,
+                     help="a torch.cuda.memory._dump_snapshot pickle: what was live at its last OOM (read with a "
+                          "restricted unpickler); with --model, beside the budget of the same setup")
+    exp.add_argument("--device", type=int, default=None,
+                     help="the snapshot's device (none: the first with an OOM)")
     exp.add_argument("--json", action="store_true", help="print the explanation as JSON")
 
 
@@ -49,11 +55,41 @@ def _read_explain_input(args: argparse.Namespace) -> str:
     return args.text
 
 
+def _snapshot_command(args: argparse.Namespace, run: dict[str, object]) -> int:
+    from oomlab.explanation.snapshot import explain_snapshot, render_snapshot_explanation
+
+    if args.text is not None or args.file is not None:
+        raise InvalidValueError("give a message (TEXT or --file) or --snapshot, not both")
+    result = explain_snapshot(args.snapshot, device=args.device)
+    comparison = None
+    if args.model is not None:
+        from oomlab.budget.api import estimate
+        from oomlab.budget.snapshot_compare import compare_snapshot
+        from oomlab.core.defaults import DEFAULTS
+
+        given = {k: v for k, v in run.items() if v is not None}
+        comparison = compare_snapshot(result, estimate(model=args.model, gpu=args.gpu or DEFAULTS.gpu, **given))
+    if args.json:
+        print(json.dumps({**result.to_dict(), "budget": None if comparison is None else comparison.to_dict()},
+                         indent=2))
+        return 0
+    print(render_snapshot_explanation(result), end="")
+    if comparison is not None:
+        from oomlab.budget.snapshot_compare import render_comparison
+
+        print("\n" + render_comparison(comparison), end="")
+    else:
+        print("\n(give --model, and --gpu and the run's settings, to set it beside the budget of the same setup)")
+    return 0
+
+
 def command(args: argparse.Namespace) -> int:
     from oomlab.explanation.display import render_explanation
     from oomlab.explanation.explain import explain
 
     run = {k: getattr(args, k) for k in ("gpus", "nodes", "strategy", "method", "optimizer", "batch", "seq")}
+    if args.snapshot is not None:
+        return _snapshot_command(args, run)
     result = explain(_read_explain_input(args), model=args.model, gpu=args.gpu, dtype=args.dtype, **run)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
