@@ -6,8 +6,8 @@ validated, frozen :class:`TrainingSetup` and refuses invalid combinations with t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
@@ -15,6 +15,7 @@ from oomlab.core.defaults import DEFAULT_LORA_TARGETS, DEFAULTS, launch_strategy
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ALL_LINEAR, ModelSpec, load_model
+from oomlab.core.versions import Versions, installed_versions, versions_from
 
 
 def lora_targets_for(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[str, ...]:
@@ -58,6 +59,8 @@ class TrainingSetup:
     # carries; defaulted so a setup built field by field (a record written before it existed) is the SFT it was
     trainer: Trainer = DEFAULTS.trainer
     reference: Reference = DEFAULTS.reference  # the trainer's reference model: its default, resident or none
+    # the user's library releases (core.versions): the installed ones where not given
+    versions: Versions = field(default_factory=installed_versions)
 
     @property
     def world_size(self) -> int:
@@ -169,10 +172,12 @@ def make_setup(
     lora_targets: Sequence[str] | str = DEFAULTS.lora_targets,
     trainer: str | Trainer = DEFAULTS.trainer,
     reference: str | Reference = DEFAULTS.reference,
+    versions: Versions | Mapping[str, str] | str | None = None,
 ) -> TrainingSetup:
     """Build and validate a :class:`TrainingSetup` from names (as typed on the CLI) or objects; what is not given is
     :data:`~oomlab.core.defaults.DEFAULTS`', and the strategy follows :func:`~oomlab.core.defaults.launch_strategy`
-    (none: a replica per GPU; ``ddp`` over one GPU in all is ``single``)."""
+    (none: a replica per GPU; ``ddp`` over one GPU in all is ``single``); ``versions``: the user's library releases
+    (:func:`~oomlab.core.versions.versions_from`: pins, a pip freeze file or a mapping; none: the installed ones)."""
     if isinstance(lora_targets, str):
         lora_targets = tuple(t.strip() for t in lora_targets.split(",") if t.strip())
     return validate(
@@ -195,5 +200,6 @@ def make_setup(
             lora_targets=tuple(lora_targets),
             trainer=choice(Trainer, trainer, "trainer"),
             reference=choice(Reference, reference, "reference"),
+            versions=versions_from(versions),
         )
     )

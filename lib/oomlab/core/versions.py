@@ -1,0 +1,251 @@
+"""The user's library versions, and the version facts the budget reads: what changed in which release.
+
+A budget describes the step the user's stack runs, and some of its bytes depend on the release: peft's QLoRA
+preparation, bitsandbytes' saved input, where transformers upcasts the logits, how it stores MoE experts, the
+Trainer's default optimizer.  :class:`Versions` holds the user's releases -- given as ``torch==2.0.1,
+transformers==4.31.0`` (the CLI's ``--versions`` and the pipeline parameter ``versions``), a ``pip freeze`` file, or a
+mapping (``estimate(..., versions={"transformers": "4.48.1"})``) -- and falls back to the installed release of every
+package not given (:func:`installed_versions`, read from the package metadata, no import), saying which is which.
+
+:data:`FACTS` is the one table of version facts: each keyed to the first release with the new behaviour and citing
+the file and line that changed it in that release.  :func:`applies` answers a fact for one :class:`Versions`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+
+from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.core.user_input import read_user_text, shown
+
+__all__ = ["FACTS", "Fact", "Versions", "applies", "installed_versions", "parse_versions", "read_freeze_file",
+           "versions_from"]
+
+Release = tuple[int, ...]
+
+# The packages whose release moves a budgeted byte (the model code, the adapters, the quantization, the optimizer and
+# the launcher), and the training frameworks that replace transformers + peft altogether (their own model code).
+PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "trl", "deepspeed")
+FRAMEWORKS = ("torchtune", "litgpt")
+KNOWN = PACKAGES + FRAMEWORKS
+MAX_PINS = 64  # a --versions list names a handful; a pip freeze file is filtered to KNOWN first
+
+_RELEASE = re.compile(r"^v?(\d{1,6}(?:\.\d{1,6}){0,3})(?:[.+\-_ ]?[A-Za-z0-9.+\-_]*)?$")
+_FREEZE_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)\s*(?:\[[^\]]*\])?\s*===?\s*(\S+)\s*$")
+
+
+def parse_release(text: str, package: str) -> Release:
+    """``"2.0.1+cu118"`` → ``(2, 0, 1)``: the leading numeric components (a local or pre-release tag is dropped)."""
+    match = _RELEASE.match(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidValueError(f"invalid version {shown(text)} for {package}; expected a release such as 4.31.0 "
+                                "(numbers separated by dots, an optional +local or pre-release tag)")
+    return tuple(int(p) for p in match.group(1).split("."))
+
+
+def _normal(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+class Origin(enum.Enum):
+    """Where a package's release came from."""
+
+    GIVEN = "given"  # the user named it
+    INSTALLED = "installed"  # not given: the release installed beside oomlab
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The releases one budget assumes: ``given`` by the user, the rest ``installed`` (hashable, frozen)."""
+
+    given: tuple[tuple[str, Release], ...] = ()
+    installed: tuple[tuple[str, Release], ...] = ()
+
+    def release(self, package: str) -> Release | None:
+        """The release of ``package`` (given first, else installed), or ``None`` where neither has it."""
+        for name, release in self.given:
+            if name == package:
+                return release
+        if package in FRAMEWORKS:  # a framework counts only when the user names it (installed it does nothing)
+            return None
+        return dict(self.installed).get(package)
+
+    def origin(self, package: str) -> Origin | None:
+        if any(name == package for name, _ in self.given):
+            return Origin.GIVEN
+        return Origin.INSTALLED if self.release(package) is not None else None
+
+    @property
+    def framework(self) -> str:
+        """The training code: ``torchtune`` or ``litgpt`` when the user names one (their own model and loop, no peft),
+        else ``transformers`` (with peft's adapters)."""
+        return next((f for f in FRAMEWORKS if self.release(f) is not None), "transformers")
+
+    def describe(self) -> str:
+        """``transformers 4.31.0 (given), peft 0.21.2 (installed), ...`` for the budget's notes."""
+        parts = []
+        for package in (*FRAMEWORKS, *PACKAGES):
+            release = self.release(package)
+            if release is not None:
+                parts.append(f"{package} {'.'.join(map(str, release))} ({self.origin(package).value})")
+        return ", ".join(parts) or "none known"
+
+
+@cache
+def installed_versions() -> Versions:
+    """The releases installed beside oomlab (package metadata only: nothing is imported)."""
+    found = []
+    for package in PACKAGES:
+        try:
+            found.append((package, parse_release(metadata.version(package), package)))
+        except (metadata.PackageNotFoundError, InvalidValueError):
+            continue
+    return Versions((), tuple(found))
+
+
+def _pins(pairs: Mapping[str, object], what: str) -> Versions:
+    if len(pairs) > MAX_PINS:
+        raise InvalidValueError(f"{what}: {len(pairs)} packages; at most {MAX_PINS} (name the ones oomlab reads: "
+                                f"{', '.join(KNOWN)})")
+    given = []
+    for raw_name, raw_release in pairs.items():
+        name = _normal(str(raw_name))
+        if name not in KNOWN:
+            raise UnknownNameError("package", str(raw_name)[:120], KNOWN,
+                                   f"{what}: the packages whose release oomlab reads")
+        if not isinstance(raw_release, str):
+            raise InvalidValueError(f"invalid version {shown(raw_release)} for {name} in {what}; expected a string "
+                                    "such as '4.31.0'")
+        given.append((name, parse_release(raw_release, name)))
+    return Versions(tuple(sorted(given)), installed_versions().installed)
+
+
+def parse_versions(text: str) -> Versions:
+    """``torch==2.0.1,transformers==4.31.0`` (comma-separated ``name==release`` pins) → :class:`Versions`."""
+    pairs: dict[str, str] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, release = item.partition("==")
+        if not sep or not name.strip() or not release.strip():
+            raise InvalidValueError(f"invalid version pin {shown(item)}; expected name==release, e.g. "
+                                    "transformers==4.31.0 (pins separated by commas)")
+        pairs[name] = release
+    if not pairs:
+        raise InvalidValueError(f"no version pins in {shown(text)}; expected e.g. torch==2.0.1,transformers==4.31.0")
+    return _pins(pairs, "--versions")
+
+
+def read_freeze_file(path: str | os.PathLike[str]) -> Versions:
+    """A ``pip freeze`` file: its ``name==release`` lines for the packages oomlab reads (others, comments, editable
+    and URL requirements are skipped)."""
+    text = read_user_text(path, "pip freeze file")
+    pairs = {}
+    for line in text.splitlines():
+        match = _FREEZE_LINE.match(line.strip())
+        if match and _normal(match.group(1)) in KNOWN:
+            pairs[match.group(1)] = match.group(2)
+    if not pairs:
+        raise InvalidValueError(f"pip freeze file {shown(str(path))} names none of the packages oomlab reads "
+                                f"({', '.join(KNOWN)}) as name==release")
+    return _pins(pairs, f"pip freeze file {shown(str(path))}")
+
+
+def versions_from(value: Versions | Mapping[str, str] | str | os.PathLike[str] | None) -> Versions:
+    """Whatever an entry point received: nothing (the installed releases), a :class:`Versions`, a mapping, pins as
+    text (``name==release,...``) or the path of a ``pip freeze`` file."""
+    if value is None:
+        return installed_versions()
+    if isinstance(value, Versions):
+        return value
+    if isinstance(value, Mapping):
+        return _pins(value, "versions")
+    if isinstance(value, str) and "==" in value:
+        return parse_versions(value)
+    if isinstance(value, (str, os.PathLike)):
+        return read_freeze_file(value)
+    raise InvalidValueError(f"invalid versions {shown(value)}; expected name==release pins, a pip freeze file or a "
+                            "mapping of package to release")
+
+
+# ----------------------------------------------------------------------------------------------------------- facts
+
+
+class Fact(enum.Enum):
+    """A behaviour that changed in one release of one package (the member's ``package`` and ``since``)."""
+
+    def __new__(cls, key: str, package: str, since: Release, text: str, source: str) -> Fact:
+        member = object.__new__(cls)
+        member._value_ = key
+        member.package = package
+        member.since = since  # the first release with the behaviour
+        member.text = text
+        member.source = source
+        return member
+
+    PEFT_KBIT_UPCAST = (
+        "peft-kbit-upcast", "peft", (0, 4, 0),
+        "prepare_model_for_kbit_training casts every fp16/bf16 parameter that is not 4-bit (embedding, norms, "
+        "lm_head) to fp32",
+        "peft v0.4.0 src/peft/utils/other.py:78-81 ('cast all non INT8 parameters to fp32'); since v0.10.0 "
+        "Params4bit is spared by class name (other.py:104-109, #1550), peft 0.21.2 other.py:204-209")
+    BNB_DROPS_SAVED_INPUT = (
+        "bnb-drops-saved-input", "bitsandbytes", (0, 43, 2),
+        "MatMul4Bit keeps only the packed weight for backward; before, every 4-bit projection kept its input "
+        "(ctx.tensors = (A, B)) whenever the input needed a gradient",
+        "bitsandbytes 0.43.2 bitsandbytes/autograd/_functions.py:516 (commit 9e75374, #1270 'fix QLoRA mem bug: "
+        "delete useless buffered activation'); 0.43.1 _functions.py:516 saved (A, B)")
+    LOSS_UPCASTS_LOGITS = (
+        "loss-upcasts-logits", "transformers", (4, 46, 0),
+        "the causal-LM forward returns the logits in the model's dtype and the loss (loss_utils.ForCausalLMLoss) "
+        "upcasts them; before, LlamaForCausalLM.forward ran logits = logits.float() and returned fp32 logits (the "
+        "half ones freed at once)",
+        "transformers 4.45 models/llama/modeling_llama.py ('TODO: remove the float() operation in v4.46', "
+        "logits = self.lm_head(...).float()); 4.46 loss/loss_utils.py ForCausalLMLoss 'logits = logits.float()'")
+    LOSS_SHIFTS_LABELS = (
+        "loss-shifts-labels", "transformers", (4, 49, 0),
+        "ForCausalLMLoss shifts the labels, not the logits: no contiguous fp32 (tokens x vocab) copy of the "
+        "shifted logits",
+        "transformers loss/loss_utils.py ForCausalLMLoss (PR #35646, merged 2025-01, 'removing unnecessary "
+        "contiguous() call'; NB: the release is the first after the merge, inferred from its date)")
+    MOE_EXPERTS_3D = (
+        "moe-experts-3d", "transformers", (5, 0, 0),
+        "Mixtral-style experts are one module of 3-D parameters (gate_up_proj E x 2i x h, down_proj E x h x i) "
+        "that bitsandbytes does not quantize; before, each expert's w1/w2/w3 was an nn.Linear that it did",
+        "transformers 5.x models/mixtral/modeling_mixtral.py:57-66 (class MixtralExperts, 'Collection of expert "
+        "weights stored as 3D tensors'); 4.x MixtralBlockSparseTop2MLP: w1, w2, w3 = nn.Linear")
+    TRAINER_FUSED_ADAMW = (
+        "trainer-fused-adamw", "transformers", (4, 55, 0),
+        "TrainingArguments' default optim is adamw_torch_fused where torch >= 2.8; before, adamw_torch (foreach)",
+        "transformers training_args.py:811 (default_optim = 'adamw_torch_fused', under torch >= 2.8; 5.24 line; "
+        "NB: the first release is inferred from the torch 2.8 release it waits for)")
+
+    @property
+    def release_text(self) -> str:
+        return f"{self.package} {'.'.join(map(str, self.since))}"
+
+
+FACTS = tuple(Fact)
+
+
+# What torchtune's and litgpt's own code does where a fact is transformers' or peft's: no peft preparation (their
+# adapters go on their own modules), their loss on half logits chunk by chunk (the newest behaviour's bytes or fewer),
+# their own MoE and optimizer code (the newest).
+FRAMEWORK_BEHAVIOUR = {Fact.PEFT_KBIT_UPCAST: False, Fact.LOSS_UPCASTS_LOGITS: True, Fact.LOSS_SHIFTS_LABELS: True,
+                       Fact.MOE_EXPERTS_3D: True, Fact.TRAINER_FUSED_ADAMW: True}
+
+
+def applies(fact: Fact, versions: Versions) -> bool:
+    """Does the stack ``versions`` run ``fact``'s new behaviour (the release it names or a later one)?  A package
+    neither given nor installed runs the newest; under torchtune or litgpt a transformers or peft fact is
+    :data:`FRAMEWORK_BEHAVIOUR`'s."""
+    if fact.package in ("transformers", "peft") and versions.framework != "transformers":
+        return FRAMEWORK_BEHAVIOUR[fact]
+    release = versions.release(fact.package)
+    return release is None or release >= fact.since
