@@ -11,10 +11,15 @@ partitions is :mod:`.deepspeed_layout`, the knobs :mod:`.deepspeed_config`.  Wha
   a ZeRO-3 model built by ``from_pretrained`` under an HF DeepSpeed config is partitioned at construction
   (``transformers/modeling_utils.py:3812-3833`` ``zero.Init``; ``partition_parameters.py:1232-1258``): no full
   replica is ever moved to a GPU, so the seed's load-time OOM cannot happen (:func:`load_peak_bytes`);
-* the optimizer: ``"type": "AdamW"`` builds FusedAdam (``engine.py:2402-2409``), DeepSpeedCPUAdam when offloaded
-  (``engine.py:2384-2400``); both keep ``exp_avg``/``exp_avg_sq`` like the fp32 partition
-  (``ops/adam/fused_adam.py:155-157``) and update in place: no step temporary.  A client torch optimizer
-  (``adamw-fused``, ``sgd``, ``adamw-8bit``) steps the same fp32 partition;
+* the optimizer (:func:`optimizer_source`): the JSON's ``"type": "AdamW"`` block builds FusedAdam
+  (``engine.py:2402-2408``), DeepSpeedCPUAdam when offloaded (``engine.py:2384-2400``); both keep
+  ``exp_avg``/``exp_avg_sq`` like the fp32 partition (``ops/adam/fused_adam.py:155-157``) and update in place: no
+  step temporary.  Without a block the HF Trainer builds its own (``transformers/integrations/deepspeed.py:586-589``;
+  ``optim`` defaults to ``adamw_torch_fused`` on torch >= 2.8, ``adamw_torch`` before, ``training_args.py:806-811``)
+  and DeepSpeed wraps it, stepping the fp32 partition with it (``stage_1_and_2.py:3139``, ``stage3.py:2921``):
+  ``AdamW(fused=True)``, ``sgd`` and ``adamw-8bit`` update in place, but ``adamw_torch`` is foreach on CUDA and
+  allocates ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``, one fp32 partition (ZeRO-3: one sub-group)
+  beside the fp32 gradient (``torch/optim/adam.py:762``, torch 2.13) -- :func:`adam_temp_bytes`;
 * ZeRO-1/2 is ``DeepSpeedZeroOptimizer(partition_grads = stage == 2)`` (``engine.py:2696``), ZeRO-3
   ``DeepSpeedZeroOptimizer_Stage3``; bf16 + ZeRO-1 + ``grad_accum_dtype: fp32`` is ``BF16_Optimizer``
   (``engine.py:2305-2310``, ``runtime/bf16_optimizer.py``).
@@ -25,7 +30,7 @@ The phases are the steady state (a complete ZeRO-3 trace, the optimizer state al
 from __future__ import annotations
 
 from oomlab.budget import deepspeed_layout as layout
-from oomlab.budget.deepspeed_config import DeepSpeedSettings, settings_for
+from oomlab.budget.deepspeed_config import DeepSpeedSettings, OptimizerSource, settings_for
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.budget.sharding import SHARES, Share
 from oomlab.budget.states import NF4_DQ_BITS, lora_parameters, nf4_state_fixed_bytes, quantized_parameters
@@ -69,6 +74,38 @@ def state_bytes(setup: TrainingSetup, partition: int) -> int:
     if setup.optimizer is Optimizer.SGD:
         return FP32 * partition  # momentum_buffer
     return round(2 * partition * (1 + 4 / ADAM8_BLOCK))  # AdamW8bit: two uint8 states + block absmax
+
+
+def optimizer_source(setup: TrainingSetup, ds: DeepSpeedSettings) -> OptimizerSource:
+    """Whose optimizer steps the partition: as the JSON says, or (no JSON) as oomlab's launch JSON writes it
+    (:func:`~oomlab.budget.deepspeed_config.resolve`)."""
+    return ds.optimizer_source or settings_for(setup, ds).optimizer_source
+
+
+def foreach_adamw(setup: TrainingSetup, ds: DeepSpeedSettings) -> bool:
+    """Does torch's foreach AdamW step the fp32 partition on the GPU?  ``adamw`` from the Trainer
+    (``optim="adamw_torch"``: no ``foreach`` passed, torch picks foreach for CUDA tensors,
+    ``torch/optim/optimizer.py:161-186``; ``adamw_hf`` makes the same temporary, ``denom = exp_avg_sq.sqrt()``)
+    or from a block with ``torch_adam: true``; not offloaded (accelerate swaps a client optimizer for
+    DeepSpeedCPUAdam, ``accelerate/accelerator.py:2374-2383``; the step runs on the host)."""
+    return (setup.optimizer is Optimizer.ADAMW and optimizer_source(setup, ds) is not OptimizerSource.DEEPSPEED
+            and not setup.strategy.offloads_optimizer)
+
+
+def adam_temp_bytes(setup: TrainingSetup, ds: DeepSpeedSettings, elements: int) -> int:
+    """The optimizer's own temporary stepping ``elements`` fp32 values: foreach AdamW's ``exp_avg_sq_sqrt``
+    (``torch/optim/adam.py:762``); nothing for FusedAdam, ``AdamW(fused=True)``, SGD or 8-bit AdamW.
+    NB: the Trainer's two parameter groups (decay, and no decay: norms and biases) step one after the other; the
+    first holds all but the norms, budgeted as the whole partition."""
+    return FP32 * elements if foreach_adamw(setup, ds) else 0
+
+
+def _step_temps(setup: TrainingSetup, ds: DeepSpeedSettings, grad: int, elements: int) -> int:
+    """``step()`` over ``elements`` of one partition: the gradients flattened in their dtype and converted to fp32
+    beside them (``.to`` of an fp32 gradient is the same tensor), then the fp32 gradient alive while the optimizer
+    steps with its own temporary (ZeRO-1/2: ``stage_1_and_2.py:3113-3139``; ZeRO-3: ``stage3.py:2683-2693``, 2921)."""
+    convert = (grad + (FP32 if grad != FP32 else 0)) * elements
+    return max(convert, FP32 * elements + adam_temp_bytes(setup, ds, elements))
 
 
 def zero_shares(setup: TrainingSetup, ds: DeepSpeedSettings) -> dict[MemCategory, Share]:
@@ -125,8 +162,10 @@ def _zero12(setup: TrainingSetup, ds: DeepSpeedSettings) -> ZeroStates:
         bucket=bucket if ds.contiguous_gradients and not bf16_optimizer else 0, bucket_permanent=False,
         # allreduce_bucket's flatten of the bucket's slices (:2367): at most what the bucket holds
         flush=0 if bf16_optimizer else lp * min(ds.reduce_bucket_size, trained),
-        # step(): flatten(averaged_gradients) in half, then .to(fp32) (:3113-3118)
-        step_temps=0 if offload or bf16_optimizer else (lp + FP32) * ps,
+        # step(): flatten(averaged_gradients) in half, then .to(fp32) (:3113-3118), the optimizer's own temporary
+        # (BF16_Optimizer steps over its held fp32 gradients, bf16_optimizer.py:422)
+        step_temps=0 if offload else adam_temp_bytes(setup, ds, ps) if bf16_optimizer
+        else _step_temps(setup, ds, lp, ps),
         offload_temps=lp * part.largest if offload else 0, gathered_forward=0, gathered_layer=0,
         persistent_gathered=0, last_grad=0,
         # a gradient larger than the bucket is reduced on its own (:1443-1449); a smaller one is copied into the
@@ -169,7 +208,7 @@ def _zero3(setup: TrainingSetup, ds: DeepSpeedSettings) -> ZeroStates:
         # reduce_scatter_coalesced's cat of the bucket's gradients (runtime/comm/coalesced_collectives.py:102-121)
         flush=lp * min(ds.reduce_bucket_size, trained),
         # _prepare_fp32_grad_for_sub_group: flatten (grad dtype) and .to(fp32) of one sub-group (stage3.py:2683-2700)
-        step_temps=0 if offload else (grad + FP32) * part.sub_group, offload_temps=0,
+        step_temps=0 if offload else _step_temps(setup, ds, grad, part.sub_group), offload_temps=0,
         gathered_forward=lp * (window + ahead), gathered_layer=lp * (largest + prefetch) if many else 0,
         persistent_gathered=persistent, first_grad=in_flight(trained_sizes[-1]), last_grad=in_flight(trained_sizes[0]),
         # the gradient partitions (stage3.py:786-795), the fp32 partitions, the optimizer state, one fp32 gradient
@@ -270,6 +309,42 @@ def load_peak_bytes(setup: TrainingSetup, z: ZeroStates) -> int:
     return replica
 
 
+_BUILT_BY = {
+    OptimizerSource.DEEPSPEED: "the DeepSpeed JSON's optimizer block",
+    OptimizerSource.TORCH_ADAM: "the DeepSpeed JSON's optimizer block with torch_adam (engine.py:2377-2380)",
+    OptimizerSource.CLIENT: "the training script (no optimizer block: the HF Trainer's create_optimizer, "
+                            "transformers integrations/deepspeed.py:586-589)",
+}
+
+
+def optimizer_note(setup: TrainingSetup, settings: DeepSpeedSettings | None = None) -> str:
+    """Which optimizer steps the fp32 partition, who built it, and its temporary in the step, in a sentence."""
+    ds = settings_for(setup, settings)
+    source = optimizer_source(setup, ds)
+    offload = setup.strategy.offloads_optimizer
+    if setup.optimizer is Optimizer.ADAMW and source is OptimizerSource.DEEPSPEED:
+        kind = "DeepSpeedCPUAdam on the host" if offload else "FusedAdam"
+        return f"optimizer: {kind}, built by {_BUILT_BY[source]}; in place, no temporary"
+    if offload:
+        return (f"optimizer: {setup.optimizer.value} from {_BUILT_BY[source]}; offloaded, it steps on the host "
+                "(accelerate swaps a torch optimizer for DeepSpeedCPUAdam unless zero_force_ds_cpu_optimizer is "
+                "false, accelerator.py:2374-2383): no temporary on the GPU")
+    what = {Optimizer.ADAMW: "torch.optim.AdamW (foreach on CUDA: adamw_torch)",
+            Optimizer.ADAMW_FUSED: "torch.optim.AdamW(fused=True) (adamw_torch_fused)",
+            Optimizer.ADAMW_8BIT: "bitsandbytes AdamW8bit", Optimizer.SGD: "torch.optim.SGD"}[setup.optimizer]
+    if foreach_adamw(setup, ds):
+        if setup.strategy.zero_stage == 3:
+            part = layout.stage3_partition(setup, ds.sub_group_size, ds.stage3_param_persistence_threshold).sub_group
+            where = "one optimizer sub-group"
+        else:
+            part, where = layout.flat_partition(setup).partition, "this rank's partition"
+        temp = adam_temp_bytes(setup, ds, part)
+        return (f"optimizer: {what}, built by {_BUILT_BY[source]} and wrapped by DeepSpeed; its step allocates "
+                f"exp_avg_sq_sqrt, one fp32 copy of {where} ({temp / 2**30:.2f} GiB; torch/optim/adam.py:762), "
+                "beside the fp32 gradient -- adamw-fused (--optim adamw_torch_fused) has none")
+    return f"optimizer: {what}, built by {_BUILT_BY[source]} and wrapped by DeepSpeed; in place, no temporary"
+
+
 def deepspeed_notes(setup: TrainingSetup, inventory: Inventory) -> tuple[str, ...]:
     """What the budget of a DeepSpeed setup assumes, in sentences."""
     ds, z = settings_for(setup, inventory.deepspeed), inventory.zero
@@ -289,4 +364,4 @@ def deepspeed_notes(setup: TrainingSetup, inventory: Inventory) -> tuple[str, ..
     lora = ""
     if setup.method is not Method.FULL:
         lora = f"; peft's {lora_parameters(setup):,} adapter parameters cast to half by the engine"
-    return (f"DeepSpeed ZeRO-{stage}: {knobs}{lora}", load)
+    return (f"DeepSpeed ZeRO-{stage}: {knobs}{lora}", load, optimizer_note(setup, inventory.deepspeed))

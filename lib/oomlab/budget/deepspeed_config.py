@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from oomlab.core.choices import Strategy
+from oomlab.core.choices import Choice, Optimizer, Strategy
 from oomlab.core.defaults import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.memo import BoundedMemo
@@ -54,6 +54,17 @@ _BLOCKS = {"fp16": '{"enabled": true}', "bf16": '{"enabled": true}', "optimizer"
 HIDDEN_SIZE_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
 
 
+class OptimizerSource(Choice):
+    """What builds the optimizer ``deepspeed.initialize`` wraps (``runtime/engine.py:2328-2346``).
+
+    The setup's ``optimizer`` says which update rule; this says whose code runs it, which decides the step's
+    temporaries over the fp32 partition."""
+
+    DEEPSPEED = "deepspeed"  # the JSON's "optimizer" block (Adam/AdamW): FusedAdam, DeepSpeedCPUAdam offloaded
+    TORCH_ADAM = "torch-adam"  # the block with "torch_adam": true: torch.optim.AdamW (engine.py:2377-2380)
+    CLIENT = "client"  # no block: the script's own optimizer -- the HF Trainer's create_optimizer (optim=...)
+
+
 @dataclass(frozen=True)
 class DeepSpeedSettings:
     """The DeepSpeed knobs that change memory (element counts, as DeepSpeed's JSON gives them).
@@ -73,12 +84,20 @@ class DeepSpeedSettings:
     sub_group_size: int = SUB_GROUP_SIZE  # elements of one ZeRO-3 optimizer sub-group (config.py:182)
     offload_param: bool | None = None  # zero3-offload: the parameter partitions on the host too (None: yes)
     grad_accum_fp32: bool = False  # data_types.grad_accum_dtype "fp32" (engine.py:1799-1810; default: model dtype)
+    # None: as oomlab's launch JSON does it -- adamw as the JSON's AdamW block, any other optimizer a client one
+    optimizer_source: OptimizerSource | None = None
 
 
-def resolve(settings: DeepSpeedSettings | None, spec: ModelSpec, strategy: Strategy) -> DeepSpeedSettings:
-    """``settings`` (``None``: every default) with ``"auto"`` filled in for ``spec`` and the strategy's stage."""
+def resolve(settings: DeepSpeedSettings | None, spec: ModelSpec, strategy: Strategy,
+            optimizer: Optimizer | None = None) -> DeepSpeedSettings:
+    """``settings`` (``None``: every default) with ``"auto"`` filled in for ``spec`` and the strategy's stage, and
+    (given the ``optimizer``) who builds it as oomlab's launch JSON does: ``adamw`` as the JSON's AdamW block
+    (``remedies/deepspeed_configs.py``), any other optimizer the script's own."""
     s = settings or DeepSpeedSettings()
     h = spec.hidden_size
+    source = s.optimizer_source
+    if source is None and optimizer is not None:
+        source = OptimizerSource.DEEPSPEED if optimizer is Optimizer.ADAMW else OptimizerSource.CLIENT
     return replace(
         s,
         reduce_bucket_size=h * h if s.reduce_bucket_size is None else s.reduce_bucket_size,
@@ -88,6 +107,7 @@ def resolve(settings: DeepSpeedSettings | None, spec: ModelSpec, strategy: Strat
         stage3_param_persistence_threshold=10 * h if s.stage3_param_persistence_threshold is None
         else s.stage3_param_persistence_threshold,
         offload_param=strategy is Strategy.ZERO3_OFFLOAD and s.offload_param is not False,
+        optimizer_source=source,
     )
 
 
@@ -96,10 +116,10 @@ _RESOLVED: BoundedMemo[tuple, DeepSpeedSettings] = BoundedMemo()
 
 def settings_for(setup: TrainingSetup, settings: DeepSpeedSettings | None = None) -> DeepSpeedSettings:
     """The resolved settings a DeepSpeed setup runs with (memoised on the model, strategy and settings)."""
-    key = (setup.model, setup.strategy, settings)
+    key = (setup.model, setup.strategy, setup.optimizer, settings)
     found = _RESOLVED.get(key)
     if found is None:
-        found = _RESOLVED[key] = resolve(settings, setup.model, setup.strategy)
+        found = _RESOLVED[key] = resolve(settings, setup.model, setup.strategy, setup.optimizer)
     return found
 
 
@@ -208,6 +228,19 @@ def _optimizer(config: Mapping[str, Any], optimizer: str) -> str:
     return "adamw"
 
 
+def optimizer_source(config: Mapping[str, Any]) -> OptimizerSource:
+    """Whose optimizer a JSON runs: its ``"optimizer"`` block builds DeepSpeed's (``engine.py:2329-2333``; with
+    ``params.torch_adam: true`` torch's AdamW, ``get_optimizer_configuration`` :2377-2380); without one the HF
+    integration hands DeepSpeed the Trainer's own (``transformers/integrations/deepspeed.py:576-589``
+    ``deepspeed_optim_sched``: ``trainer.create_optimizer()``, ``zero_allow_untested_optimizer``)."""
+    block = _block(config, "optimizer")
+    if not block:
+        return OptimizerSource.CLIENT
+    params = block.get("params")
+    torch_adam = isinstance(params, Mapping) and params.get("torch_adam") in (True, "true", "True")
+    return OptimizerSource.TORCH_ADAM if torch_adam else OptimizerSource.DEEPSPEED
+
+
 def _elements(zero: Mapping[str, Any], key: str, default: int | None, auto_allowed: bool) -> int | None:
     value = zero.get(key, default)
     if value == AUTO:
@@ -255,6 +288,7 @@ def settings_from_config(config: Mapping[str, Any], strategy: Strategy, offload_
         sub_group_size=_elements(zero, "sub_group_size", SUB_GROUP_SIZE, False),
         offload_param=offload_param,
         grad_accum_fp32=accum in ("fp32", "float32", "float"),
+        optimizer_source=optimizer_source(config),
     )
 
 
