@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 from oomlab.budget.analytic import estimate_setup
@@ -12,6 +12,7 @@ from oomlab.budget.traced import traced_budget
 from oomlab.core.defaults import DEFAULTS
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.setup import make_setup
+from oomlab.core.versions import Versions
 
 # Name lookups and validation, once per distinct input (typed: 2 and 2.0, 1 and True stay apart, as validate tells them
 # apart); a refused input raises every time (lru_cache keeps no exception).  Setups are frozen, so sharing is safe.
@@ -37,12 +38,15 @@ def estimate(
     source: str = "analytic",
     outside_bytes: int | None = None,
     deepspeed: DeepSpeedSettings | None = None,
+    versions: Versions | Mapping[str, str] | str | None = None,
 ) -> BudgetResult:
     """Per-GPU memory of one training step of ``model`` on ``gpus`` × ``gpu`` (see :func:`make_setup`); what is not
     given is :data:`~oomlab.core.defaults.DEFAULTS`' (the seed's 4 × T4, a replica per GPU), the same run ``python -m
     oomlab budget`` and the pipeline budget with no options; no ``strategy``: a replica per GPU, one process on one.
 
     ``source="traced"`` runs PyTorch's MemTracker on fake tensors instead (seconds; :mod:`oomlab.budget.traced`).
+    ``versions``: the user's library releases (``{"transformers": "4.48.1"}``, ``"torch==2.0.1,..."`` or a pip freeze
+    file; :mod:`oomlab.core.versions`), the installed ones for every package not given (the notes say which).
     ``deepspeed``: DeepSpeed's knobs for the ``zero*`` strategies (default: what the HF integration resolves
     ``"auto"`` to; read a user's JSON with :func:`oomlab.budget.deepspeed_config.read_deepspeed_config`).
     """
@@ -51,9 +55,9 @@ def estimate(
     args = (model, gpu, gpus, nodes, strategy, method, precision, optimizer, batch, seq, checkpointing, attention,
             lora_rank, lora_alpha, tuple(lora_targets) if isinstance(lora_targets, list) else lora_targets)
     try:
-        setup = _validated_setup(*args)
+        setup = _validated_setup(*args, versions=versions)
     except TypeError:  # an unhashable argument: validate it without the memo (same result, same errors)
-        setup = make_setup(*args)
+        setup = make_setup(*args, versions=versions)
     if source == Source.ANALYTIC.value:
         return estimate_setup(setup, outside_bytes, deepspeed)
     if setup.strategy.deepspeed:
