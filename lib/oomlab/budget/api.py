@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.result import SOURCES, BudgetResult, Source
 from oomlab.budget.traced import traced_budget
+from oomlab.budget.trainers import trainer_estimate
 from oomlab.core.defaults import DEFAULTS
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.setup import make_setup
@@ -35,6 +35,8 @@ def estimate(
     lora_rank: int = DEFAULTS.lora_rank,
     lora_alpha: int = DEFAULTS.lora_alpha,
     lora_targets: Sequence[str] | str = DEFAULTS.lora_targets,
+    trainer: str = DEFAULTS.trainer.value,
+    reference: str = DEFAULTS.reference.value,
     source: str = "analytic",
     outside_bytes: int | None = None,
     deepspeed: DeepSpeedSettings | None = None,
@@ -47,19 +49,22 @@ def estimate(
     ``source="traced"`` runs PyTorch's MemTracker on fake tensors instead (seconds; :mod:`oomlab.budget.traced`).
     ``versions``: the user's library releases (``{"transformers": "4.48.1"}``, ``"torch==2.0.1,..."`` or a pip freeze
     file; :mod:`oomlab.core.versions`), the installed ones for every package not given (the notes say which).
+    ``trainer``: the training loop (``sft``, ``dpo``, ``orpo``, ``kto``, ``grpo``, ``ppo``, ``reward``) and
+    ``reference`` its reference model (``default``, ``resident``, ``none``): :mod:`oomlab.budget.trainers`.
     ``deepspeed``: DeepSpeed's knobs for the ``zero*`` strategies (default: what the HF integration resolves
     ``"auto"`` to; read a user's JSON with :func:`oomlab.budget.deepspeed_config.read_deepspeed_config`).
     """
     if source not in SOURCES:
         raise UnknownNameError("source", source, SOURCES)
     args = (model, gpu, gpus, nodes, strategy, method, precision, optimizer, batch, seq, checkpointing, attention,
-            lora_rank, lora_alpha, tuple(lora_targets) if isinstance(lora_targets, list) else lora_targets)
+            lora_rank, lora_alpha, tuple(lora_targets) if isinstance(lora_targets, list) else lora_targets, trainer,
+            reference)
     try:
         setup = _validated_setup(*args, versions=versions)
     except TypeError:  # an unhashable argument: validate it without the memo (same result, same errors)
         setup = make_setup(*args, versions=versions)
     if source == Source.ANALYTIC.value:
-        return estimate_setup(setup, outside_bytes, deepspeed)
+        return trainer_estimate(setup, outside_bytes, deepspeed)
     if setup.strategy.deepspeed:
         raise InvalidValueError(
             f"strategy {setup.strategy.value!r} is analytic only: DeepSpeed's engine needs real tensors and processes "

@@ -11,7 +11,8 @@ from typing import Any
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.inventory import model_states
 from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
-from oomlab.core.choices import Optimizer, Precision, Strategy
+from oomlab.budget.trainers import trainer_terms
+from oomlab.core.choices import Optimizer, Precision, Strategy, Trainer
 from oomlab.core.defaults import launch_strategy
 from oomlab.core.errors import OomlabError
 from oomlab.core.setup import TrainingSetup, make_setup
@@ -25,8 +26,8 @@ def render_budget(result: BudgetResult) -> str:
     lines = [
         f"{s.model.name} on {s.world_size} x {s.gpu.name} ({format_size(result.capacity_bytes)} each): "
         f"{s.strategy.value}, {s.method.value}, {s.precision.value}, {s.optimizer.value}, micro-batch {s.batch}, "
-        f"seq {s.seq}, checkpointing {'on' if s.checkpointing else 'off'}, {s.attention.value} "
-        f"[{result.source.value}]",
+        f"seq {s.seq}, checkpointing {'on' if s.checkpointing else 'off'}, {s.attention.value}"
+        + ("" if s.trainer is Trainer.SFT else f", trainer {s.trainer.value}") + f" [{result.source.value}]",
         f"peak in the {result.peak_phase.value} phase:",
     ]
     for category, value in sorted(result.components.items(), key=lambda kv: -kv[1]):
@@ -39,6 +40,8 @@ def render_budget(result: BudgetResult) -> str:
         + format_size(abs(result.headroom_bytes)),
         f"host RAM needed: {format_size(result.host_ram_bytes)}",
     ]
+    if s.trainer is not Trainer.SFT:  # the trainer's own terms, each with its source (oomlab.budget.trainers)
+        lines += [f"  {line}" for line in trainer_terms(s).lines]
     return "\n".join(lines)
 
 

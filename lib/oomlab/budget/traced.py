@@ -45,7 +45,7 @@ from oomlab.budget.step import (
 )
 from oomlab.budget.tracker import OFFLOADED_CATEGORIES, TraceResult, budget_category, make_tracker, tracker_result
 from oomlab.core import paths
-from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Strategy
+from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.files import write_json_atomic
 from oomlab.core.quiet import quiet_libraries
@@ -61,6 +61,11 @@ TRACE_VERSION = 5  # bump when what a trace records changes; part of the cache k
 
 
 def _check_traceable(setup: TrainingSetup) -> None:
+    if setup.trainer is not Trainer.SFT:
+        raise InvalidValueError(
+            f"trainer {setup.trainer.value!r} is analytic only: the traced step is the SFT step, and a trace of it "
+            "would not hold the reference model, the concatenated pairs or TRL's fused head; use source='analytic' "
+            "(oomlab.budget.trainers, checked against real TRL steps: docs/trainers-small-scale.md)")
     if setup.strategy in (Strategy.ZERO1, Strategy.ZERO2):
         raise InvalidValueError(
             f"strategy {setup.strategy.value!r} is analytic only: DeepSpeed ZeRO has no PyTorch-native tracer on "
@@ -245,6 +250,8 @@ def cache_key(setup: TrainingSetup) -> str:
             value = {"name": value.name, "config": dict(value.config)}
         elif f.name == "gpu":
             continue  # a trace does not depend on the GPU model
+        elif f.name in ("trainer", "reference"):
+            continue  # a trace is always the SFT step (other trainers are refused): keys from before them hold
         elif isinstance(value, enum.Enum):
             value = value.value
         fields[f.name] = value
