@@ -9,7 +9,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from oomlab.core.choices import Attention, MessageFormat, Method, Optimizer, Precision, Strategy, message_format
+from oomlab.core.choices import (
+    Attention,
+    MessageFormat,
+    Method,
+    Optimizer,
+    Precision,
+    Reference,
+    Strategy,
+    Trainer,
+    message_format,
+)
 from oomlab.core.defaults import DEFAULTS
 from oomlab.core.errors import OomlabError
 from oomlab.core.gpus import known_gpus
@@ -137,6 +147,20 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-targets", default=",".join(DEFAULTS.lora_targets),
                         help=f"comma-separated names of the model's nn.Linear modules (LLaMA's: "
                         f"{','.join(PROJECTIONS)}; other families their own), or {ALL_LINEAR}")
+    add_trainer_arguments(parser)
+
+
+def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
+    """The training loop's options: ``--trainer`` and ``--reference`` (oomlab.budget.trainers)."""
+    parser.add_argument("--trainer", choices=[t.value for t in Trainer], default=DEFAULTS.trainer.value,
+                        help="the training loop: sft = transformers' Trainer / TRL SFTTrainer; dpo, orpo, kto, grpo, "
+                        "reward = TRL's trainers (dpo: a reference model and chosen + rejected per example; grpo: "
+                        "generation's KV cache for --batch completions of --seq tokens); ppo = policy, reference, "
+                        "reward and value models")
+    parser.add_argument("--reference", choices=[r.value for r in Reference], default=DEFAULTS.reference.value,
+                        help="the trainer's reference model: default = as its config defaults it (dpo, kto, ppo: "
+                        "resident; grpo: beta=0, none); resident = held all step (grpo beta > 0); none = "
+                        "precompute_ref_log_probs (one extra pass over the data before training)")
 
 
 def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -146,7 +170,8 @@ def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "strategy": args.strategy, "method": args.method, "precision": args.precision,
             "optimizer": args.optimizer, "batch": args.batch, "seq": args.seq,
             "checkpointing": args.checkpointing, "attention": args.attention, "lora_rank": args.lora_rank,
-            "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets}
+            "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets, "trainer": args.trainer,
+            "reference": args.reference}
 
 
 def host_ram_argument(text: str) -> int | str:
