@@ -1,15 +1,22 @@
 """Every figure of the notebooks and the report, with one palette.  Each takes computed results (or rows rebuilt from
 the results JSON) and returns a matplotlib ``Figure`` built without pyplot, so nothing is shown twice; a notebook
-displays one by ending a cell with it."""
+displays one by ending a cell with it.  The step's memory over time (:func:`memory_timeline_svg`) is drawn by oomlab
+itself as one inline SVG (no script, no font or style fetched), so the explorer updates it in milliseconds and a page
+that shows it stays self-contained."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from html import escape
 from typing import Any
 
 from oomlab.budget.result import BudgetResult, Fit, MemCategory, Phase
+from oomlab.budget.snapshot import SNAPSHOT_CATEGORY, AllocatorReplay
+from oomlab.budget.timeline import StepTimeline
 from oomlab.core.units import GiB, format_size
+from oomlab.explanation.snapshot import SnapshotCategory
+from oomlab.explanation.snapshot_timeline import MemoryTimeline
 
 # One fixed colour per component, so a component keeps its colour in every figure and every explorer update.
 PALETTE: Mapping[MemCategory, str] = {
@@ -323,3 +330,120 @@ def plot_pareto(points: Sequence[CostPoint], title: str = "Which GPUs would it f
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------------------------ the step's memory over time
+
+# a snapshot's categories in the budget's colours (each drawn as the budget category it stands for)
+SNAPSHOT_COLORS: Mapping[SnapshotCategory, str] = {
+    **{s: PALETTE[m] for m, s in reversed(list(SNAPSHOT_CATEGORY.items()))},
+    SnapshotCategory.UNATTRIBUTED: "#bab0ab"}
+
+
+@dataclass(frozen=True)
+class TimelineSeries:
+    """The step's memory over time as :func:`memory_timeline_svg` draws it: live bytes by category after each event."""
+
+    points: Sequence[Mapping[str, int]]  # category name -> live bytes, after each allocation or free
+    colors: Mapping[str, str]  # category name -> fill, in stacking order (bottom first)
+    phases: Sequence[tuple[str, int, int]]  # (phase, first point, last point + 1)
+    capacity_bytes: int | None  # the GPU's (None: not known, no line)
+    available_bytes: int | None  # the capacity less the memory outside PyTorch (None: not known)
+    oom_point: int | None  # the point after which the allocation failed (None: it fits)
+    oom_size_bytes: int | None
+    source: str  # what the figure is drawn from
+
+    @property
+    def peak_bytes(self) -> int:
+        return max((sum(p.values()) for p in self.points), default=0)
+
+    @classmethod
+    def of_step(cls, timeline: StepTimeline, replay: AllocatorReplay | None = None) -> TimelineSeries:
+        """A budgeted step (:func:`~oomlab.budget.timeline.step_timeline`), with the OOM where the allocator model
+        gives up (``replay``; drawn whole past it: the step as budgeted)."""
+        r = timeline.result
+        outside = r.components.get(MemCategory.OUTSIDE_PYTORCH, 0)
+        points = [{c.value: b for c, b in p.items()} for p in timeline.live_after]
+        phases = [("between steps" if p is None else p.value, a, b) for p, a, b in timeline.phase_spans()]
+        oom = None if replay is None or replay.oom_event is None else replay.oom_event - 1
+        return cls(points, {c.value: PALETTE[c] for c in MemCategory}, phases, r.capacity_bytes,
+                   r.capacity_bytes - outside, oom, None if replay is None else replay.oom_size_bytes,
+                   f"oomlab's {r.source.value} budget, each phase's figures in order; the OOM: its allocator model")
+
+    @classmethod
+    def of_snapshot(cls, timeline: MemoryTimeline, capacity_bytes: int | None = None,
+                    available_bytes: int | None = None, source: str = "a torch memory snapshot") -> TimelineSeries:
+        """A snapshot's trace (:func:`~oomlab.explanation.snapshot_timeline.memory_timeline`)."""
+        points = [{c.value: b for c, b in p.items()} for p in timeline.points]
+        return cls(points, {c.value: color for c, color in SNAPSHOT_COLORS.items()}, timeline.phases, capacity_bytes,
+                   available_bytes, timeline.oom_point, timeline.oom_size_bytes, source)
+
+
+def _ticks(top: int, count: int = 4) -> list[int]:
+    """``count`` round tick values up to ``top`` (multiples of a power of two in GiB, MiB or bytes)."""
+    step = 1
+    while step * count < top:
+        step *= 2
+    return [step * i for i in range(1, count + 1) if step * i <= top]
+
+
+def memory_timeline_svg(series: TimelineSeries, title: str = "", width: int = 760, height: int = 300) -> str:
+    """The step's memory over time as one inline SVG: categories stacked, phases banded and named, the capacity (and
+    what PyTorch may use of it) as lines, the OOM as a red mark; every text escaped."""
+    left, right, top, bottom = 70, 150, 28, 34
+    plot_w, plot_h = width - left - right, height - top - bottom
+    n = max(len(series.points), 1)
+    ymax = max(series.peak_bytes, series.capacity_bytes or 0, 1) * 1.06
+
+    def x(i: float) -> float:
+        return left + plot_w * i / n
+
+    def y(b: float) -> float:
+        return top + plot_h * (1 - b / ymax)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+           f'height="{height}" role="img" font-family="sans-serif" font-size="10">',
+           f"<title>{escape(title or 'memory over one training step')}</title>"]
+    for k, (phase, a, b) in enumerate(series.phases):
+        out.append(f'<rect x="{x(a):.1f}" y="{top}" width="{x(b) - x(a):.1f}" height="{plot_h}" '
+                   f'fill="{"#eeeeee" if k % 2 else "#f7f7f7"}"/>')
+        if x(b) - x(a) >= 5.5 * len(phase):  # a band too narrow for its name stays unnamed (its colour band shows)
+            out.append(f'<text x="{(x(a) + x(b)) / 2:.1f}" y="{top - 4}" text-anchor="middle">{escape(phase)}</text>')
+    drawn = [c for c in series.colors if any(p.get(c, 0) for p in series.points)]
+    base = [0] * len(series.points)
+    for c in drawn:
+        upper = [base[i] + p.get(c, 0) for i, p in enumerate(series.points)]
+        edge = [f"{x(i):.1f},{y(v):.1f} {x(i + 1):.1f},{y(v):.1f}" for i, v in enumerate(upper)]
+        floor = [f"{x(i + 1):.1f},{y(v):.1f} {x(i):.1f},{y(v):.1f}" for i, v in reversed(list(enumerate(base)))]
+        out.append(f'<polygon points="{" ".join(edge + floor)}" fill="{series.colors[c]}" stroke="none"/>')
+        base = upper
+    for value, label, dash in ((series.capacity_bytes, "capacity", "6,3"),
+                               (series.available_bytes, "for PyTorch", "2,2")):
+        if value is not None and (label == "capacity" or value != series.capacity_bytes):
+            out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+                       f'stroke="black" stroke-dasharray="{dash}"/>')
+            below = 12 if label != "capacity" else 0  # under its line: the capacity's label sits on the line above
+            out.append(f'<text x="{left + plot_w + 4}" y="{y(value) + 3 + below:.1f}">{escape(label)} '
+                       f"{escape(format_size(value))}</text>")
+    if series.oom_point is not None and series.points:
+        i = max(series.oom_point, 0)
+        at = sum(series.points[i].values())
+        asked = "" if series.oom_size_bytes is None else f" asking {format_size(series.oom_size_bytes)}"
+        out.append(f'<circle cx="{x(i + 1):.1f}" cy="{y(at):.1f}" r="5" fill="#b42318"/>')
+        out.append(f'<text x="{x(i + 1) + 7:.1f}" y="{y(at) - 6:.1f}" fill="#b42318">'
+                   f"{escape('out of memory' + asked)}</text>")
+    for t in _ticks(int(ymax)):
+        out.append(f'<line x1="{left - 4}" x2="{left}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="black"/>')
+        out.append(f'<text x="{left - 6}" y="{y(t) + 3:.1f}" text-anchor="end">{escape(format_size(t))}</text>')
+    out.append(f'<line x1="{left}" x2="{left}" y1="{top}" y2="{top + plot_h}" stroke="black"/>')
+    out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{top + plot_h}" y2="{top + plot_h}" stroke="black"/>')
+    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 18}" text-anchor="middle">allocations and frees of '
+               f"one step, in order (peak {escape(format_size(series.peak_bytes))})</text>")
+    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 5}" text-anchor="middle" fill="#555">source: '
+               f"{escape(series.source)}</text>")
+    for k, c in enumerate(reversed(drawn)):
+        ly = top + plot_h - 14 * (len(drawn) - k)  # the legend at the bottom right, in stacking order
+        out.append(f'<rect x="{left + plot_w + 4}" y="{ly}" width="10" height="10" fill="{series.colors[c]}"/>')
+        out.append(f'<text x="{left + plot_w + 18}" y="{ly + 9}">{escape(c)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
