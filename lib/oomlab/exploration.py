@@ -17,6 +17,8 @@ from typing import Any
 
 from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.result import BudgetResult, Fit, MemCategory
+from oomlab.budget.snapshot import simulate_allocator
+from oomlab.budget.timeline import step_timeline
 from oomlab.core.defaults import DEFAULTS, launch_strategy
 from oomlab.core.errors import OomlabError
 from oomlab.core.gpus import load_gpu
@@ -31,7 +33,7 @@ from oomlab.remedies.hardware_display import HARDWARE_HEADERS
 from oomlab.remedies.ladder import Decision, climb
 from oomlab.remedies.remedy import Evaluator
 from oomlab.report import hardware as report_hardware
-from oomlab.report.figures import FIT_COLORS, PALETTE
+from oomlab.report.figures import FIT_COLORS, PALETTE, TimelineSeries, memory_timeline_svg
 from oomlab.report.tables import html_table
 
 MAX_BATCH_SEARCH = 4096  # the largest micro-batch the search tries; "4096 or more" beyond it
@@ -209,6 +211,19 @@ def render_verdict_html(exploration: Exploration) -> str:
              for line, colour in zip(lines, colours, strict=True)]
     spans[0] = f"<b>{spans[0]}</b>"
     return f'<div class="oomlab-verdict-text" style="line-height:1.5">{"<br>".join(spans)}</div>'
+
+
+def render_timeline_svg(exploration: Exploration) -> str:
+    """The step's memory over time for these choices (inline SVG: categories stacked, phases, capacity, the OOM where
+    the allocator model gives up); empty when the choices are invalid."""
+    r = exploration.result
+    if r is None:
+        return ""
+    timeline = step_timeline(r)
+    s = r.setup
+    return memory_timeline_svg(TimelineSeries.of_step(timeline, simulate_allocator(r, timeline)),
+                               title=f"{s.model.name}, {s.method.value}, {s.strategy.value} on {s.gpus} x "
+                                     f"{s.gpu.name}: one step over time")
 
 
 class BudgetBar:

@@ -1,4 +1,5 @@
-"""The interactive explorer: ipywidgets controls → the analytic budget, a stacked bar and the verdict.
+"""The interactive explorer: ipywidgets controls → the analytic budget, a stacked bar, the verdict and the step's
+memory over time (inline SVG, :func:`~oomlab.exploration.render_timeline_svg`).
 
 What it shows is computed in :mod:`oomlab.exploration` (:func:`~oomlab.exploration.explore`, the verdict's words, the
 bar's PNG bytes); :class:`Explorer` wires that to widgets, so a test sets ``explorer.controls["gpu"].value =
@@ -35,6 +36,7 @@ from oomlab.exploration import (
     lora_target_selection,
     registry_default,
     render_hardware_html,
+    render_timeline_svg,
     render_verdict,
     render_verdict_html,
     search_for,
@@ -42,7 +44,8 @@ from oomlab.exploration import (
 from oomlab.remedies.hardware import HardwareSearch
 
 __all__ = ["Explorer", "build_explorer", "explorer_intro", "explore", "Choices", "Exploration", "render_verdict",
-           "largest_micro_batch", "MAX_BATCH_SEARCH", "GREEN", "AMBER", "RED", "BudgetBar", "render_verdict_html"]
+           "largest_micro_batch", "MAX_BATCH_SEARCH", "GREEN", "AMBER", "RED", "BudgetBar", "render_verdict_html",
+           "render_timeline_svg"]
 
 
 def _control_widgets(choices: Choices) -> dict[str, Any]:
@@ -107,8 +110,9 @@ class Explorer:
     """The widgets and their callback: every change of a control re-estimates and redraws.
 
     ``controls`` maps each :class:`Choices` field to its widget; ``verdict`` (HTML), ``bar`` (Image, PNG
-    bytes) and ``ui`` (the whole box, what a notebook displays) are widgets too.  ``exploration`` is the
-    latest :class:`Exploration`; ``last_update_s`` how long the latest update took.
+    bytes), ``timeline`` (HTML, the step's memory over time as inline SVG) and ``ui`` (the whole box, what a notebook
+    displays) are widgets too.  ``exploration`` is the latest :class:`Exploration`; ``last_update_s`` how long the
+    latest update took.
     """
 
     def __init__(self, choices: Choices) -> None:
@@ -129,7 +133,10 @@ class Explorer:
         self.search: HardwareSearch | None = None
         self._searched_key: tuple[Any, ...] | None = None
         self.search_button.on_click(lambda _button: self.run_search())
-        self.ui = w.HBox([w.VBox(rows), w.VBox([self.bar, self.verdict, self.search_button, self.hardware])],
+        self.timeline = w.HTML(layout=w.Layout(width="760px"))  # the step over time (inline SVG)
+        self.timeline.add_class("oomlab-timeline")
+        self.ui = w.HBox([w.VBox(rows), w.VBox([self.bar, self.verdict, self.timeline, self.search_button,
+                                                self.hardware])],
                          layout=w.Layout(flex_flow="row wrap"))  # the bar goes below the controls when narrow
         self.ui.add_class("oomlab-explorer")
         self.exploration: Exploration | None = None
@@ -206,6 +213,7 @@ class Explorer:
         self.controls["lora_rank"].disabled = self.controls["lora_targets"].disabled = full
         self.bar.value = self.chart.render(exploration)
         self.verdict.value = render_verdict_html(exploration)
+        self.timeline.value = render_timeline_svg(exploration)
         self.exploration = exploration
         if self._searched_key is not None and self._searched_key != hardware_key(exploration.choices):
             self.hardware.value, self.search, self._searched_key = "", None, None  # stale: press the button again

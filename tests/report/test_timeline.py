@@ -76,3 +76,20 @@ def test_user_text_is_escaped_and_nothing_is_live() -> None:
     assert {e.tag.removeprefix(SVG) for e in elements} <= {"svg", "title", "rect", "text", "polygon", "line", "circle"}
     assert not [a for e in elements for a in e.attrib if a.startswith("on") or "href" in a or a == "style"]
     assert [f for f in live_markup(f"<html><body><div>{svg}</div></body></html>") if "<svg>" not in f] == []
+
+
+def test_explorer_redraws_the_timeline() -> None:
+    """The explorer's timeline widget follows the controls: the seed's step dies loading (an OOM mark), the same
+    model on an 80 GB GPU with LoRA does not; an invalid model leaves it empty."""
+    from oomlab.explorer import build_explorer
+
+    explorer = build_explorer()
+    assert "out of memory asking" in explorer.timeline.value
+    explorer.controls["method"].value = "lora"
+    explorer.controls["gpu"].value = "a100-80gb"
+    shown = texts(explorer.timeline.value)
+    assert not any(t.startswith("out of memory") for t in shown)
+    peak = explorer.exploration.result.allocated_peak_bytes
+    assert f"allocations and frees of one step, in order (peak {format_size(peak)})" in shown
+    explorer.controls["model"].value = "no-such-model"
+    assert explorer.timeline.value == ""

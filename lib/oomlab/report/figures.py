@@ -411,11 +411,18 @@ def memory_timeline_svg(series: TimelineSeries, title: str = "", width: int = 76
             out.append(f'<text x="{(x(a) + x(b)) / 2:.1f}" y="{top - 4}" text-anchor="middle">{escape(phase)}</text>')
     drawn = [c for c in series.colors if any(p.get(c, 0) for p in series.points)]
     base = [0] * len(series.points)
+    def steps(values: list[int]) -> list[str]:
+        """The corners of a step line over the points (one corner pair where the value changes)."""
+        corners = [f"{x(0):.1f},{y(values[0]):.1f}"]
+        for i in range(1, len(values)):
+            if values[i] != values[i - 1]:
+                corners += [f"{x(i):.1f},{y(values[i - 1]):.1f}", f"{x(i):.1f},{y(values[i]):.1f}"]
+        return corners + [f"{x(len(values)):.1f},{y(values[-1]):.1f}"]
+
     for c in drawn:
         upper = [base[i] + p.get(c, 0) for i, p in enumerate(series.points)]
-        edge = [f"{x(i):.1f},{y(v):.1f} {x(i + 1):.1f},{y(v):.1f}" for i, v in enumerate(upper)]
-        floor = [f"{x(i + 1):.1f},{y(v):.1f} {x(i):.1f},{y(v):.1f}" for i, v in reversed(list(enumerate(base)))]
-        out.append(f'<polygon points="{" ".join(edge + floor)}" fill="{series.colors[c]}" stroke="none"/>')
+        out.append(f'<polygon points="{" ".join(steps(upper) + steps(base)[::-1])}" fill="{series.colors[c]}" '
+                   'stroke="none"/>')
         base = upper
     for value, label, dash in ((series.capacity_bytes, "capacity", "6,3"),
                                (series.available_bytes, "for PyTorch", "2,2")):
@@ -441,8 +448,9 @@ def memory_timeline_svg(series: TimelineSeries, title: str = "", width: int = 76
                f"one step, in order (peak {escape(format_size(series.peak_bytes))})</text>")
     out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 5}" text-anchor="middle" fill="#555">source: '
                f"{escape(series.source)}</text>")
-    for k, c in enumerate(reversed(drawn)):
-        ly = top + plot_h - 14 * (len(drawn) - k)  # the legend at the bottom right, in stacking order
+    low_lines = series.capacity_bytes is not None and y(series.capacity_bytes) > top + plot_h / 2
+    for k, c in enumerate(reversed(drawn)):  # the legend in stacking order, on the right, away from the lines' labels
+        ly = top + 30 + 14 * k if low_lines else top + plot_h - 14 * (len(drawn) - k)
         out.append(f'<rect x="{left + plot_w + 4}" y="{ly}" width="10" height="10" fill="{series.colors[c]}"/>')
         out.append(f'<text x="{left + plot_w + 18}" y="{ly + 9}">{escape(c)}</text>')
     out.append("</svg>")
