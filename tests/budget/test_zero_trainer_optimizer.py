@@ -5,15 +5,24 @@ DeepSpeed's FusedAdam (no temporary); without one the Trainer's own optimizer st
 import pytest
 
 from oomlab.budget.analytic import estimate_setup
-from oomlab.budget.deepspeed import adam_temp_bytes, foreach_adamw, optimizer_note, optimizer_source, zero_states
+from oomlab.budget.deepspeed import (
+    adam_temp_bytes,
+    foreach_adamw,
+    optimizer_note,
+    optimizer_source,
+    partition_12,
+    zero_states,
+)
 from oomlab.budget.deepspeed_config import OptimizerSource, read_deepspeed_config, settings_for
-from oomlab.budget.deepspeed_layout import flat_partition, stage3_partition
+from oomlab.budget.deepspeed_layout import stage3_partition
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.core.units import format_size
 
 P7 = 6_738_415_616  # llama-2-7b's parameters
 WORLD = 8
 PS = P7 // WORLD  # a multiple of 2N: no padding (stage_1_and_2.py:441-447)
+NORMS = 65 * 4096  # two RMSNorms per layer and the final one: the Trainer's no-decay group
+DECAY_PS = (P7 - NORMS) // WORLD  # the decay group's partition
 NO_BLOCK = {"fp16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto",
             "zero_optimization": {"stage": 2, "overlap_comm": True, "contiguous_gradients": True,
                                   "reduce_bucket_size": "auto"}}
@@ -34,7 +43,7 @@ def _workspace(launch, phase=Phase.OPTIMIZER):
 
 
 @pytest.mark.parametrize(("config", "expected"), [
-    (NO_BLOCK, OptimizerSource.CLIENT),  # the Trainer's create_optimizer (integrations/deepspeed.py:586-589)
+    (NO_BLOCK, OptimizerSource.TRAINER),  # the Trainer's create_optimizer (integrations/deepspeed.py:586-589)
     (BLOCK, OptimizerSource.DEEPSPEED),  # FusedAdam (engine.py:2402-2408)
     ({**NO_BLOCK, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}, OptimizerSource.TORCH_ADAM),
 ])
@@ -49,11 +58,13 @@ def test_7b_zero2_x8_trainer_adamw_torch_temporary_in_the_adamw_step() -> None:
     that killed the run on 32 GB GPUs -- and it is the step's peak."""
     launch = _launch(NO_BLOCK, "adamw")
     ds = settings_for(launch.setup, launch.settings)
-    assert flat_partition(launch.setup).partition == PS
-    temp = adam_temp_bytes(launch.setup, ds, PS)
-    assert temp == 4 * PS == 3_369_207_808 and format_size(temp) == "3.14 GiB"
+    part = partition_12(launch.setup, ds)
+    assert part.partition == PS  # the two groups' partitions: 266,240 norms / 8 ranks pad nothing
+    assert part.group_partition == DECAY_PS  # the decay group: all but the 65 norms
+    temp = adam_temp_bytes(launch.setup, ds, part.group_partition)
+    assert temp == 4 * DECAY_PS == 3_369_074_688 and format_size(temp) == "3.14 GiB"
     z = zero_states(launch.setup, launch.settings)
-    assert z.step_temps == 4 * PS + temp  # the fp32 gradient beside the sqrt (the half flat copy freed: :3119)
+    assert z.step_temps == 4 * DECAY_PS + temp  # the fp32 gradient beside the sqrt (the half flat copy freed: :3119)
     budget = estimate_setup(launch.setup, 0, launch.settings)
     assert budget.peak_phase is Phase.OPTIMIZER
     assert budget.phases[Phase.OPTIMIZER][MemCategory.WORKSPACE] == z.step_temps  # no permanent buffer in ZeRO-2
@@ -71,8 +82,12 @@ def test_in_place_optimizers_add_no_temporary(config, optimizer) -> None:
     conversion only (half flat copy + fp32 copy), 2 GiB less than adamw_torch's on the 7B × 8."""
     launch = _launch(config, optimizer)
     assert not foreach_adamw(launch.setup, settings_for(launch.setup, launch.settings))
-    assert _workspace(launch) == (2 + 4) * PS
-    assert _workspace(_launch(NO_BLOCK, "adamw")) - _workspace(launch) == 2 * PS
+    ds = settings_for(launch.setup, launch.settings)
+    group = partition_12(launch.setup, ds).group_partition
+    assert group == (DECAY_PS if config is NO_BLOCK else PS)
+    assert _workspace(launch) == (2 + 4) * group
+    if config is NO_BLOCK:
+        assert _workspace(_launch(NO_BLOCK, "adamw")) - _workspace(launch) == 2 * DECAY_PS
 
 
 def test_offloaded_step_has_no_gpu_temporary() -> None:

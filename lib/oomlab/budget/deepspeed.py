@@ -95,8 +95,8 @@ def foreach_adamw(setup: TrainingSetup, ds: DeepSpeedSettings) -> bool:
 def adam_temp_bytes(setup: TrainingSetup, ds: DeepSpeedSettings, elements: int) -> int:
     """The optimizer's own temporary stepping ``elements`` fp32 values: foreach AdamW's ``exp_avg_sq_sqrt``
     (``torch/optim/adam.py:762``); nothing for FusedAdam, ``AdamW(fused=True)``, SGD or 8-bit AdamW.
-    NB: the Trainer's two parameter groups (decay, and no decay: norms and biases) step one after the other; the
-    first holds all but the norms, budgeted as the whole partition."""
+    The Trainer's two parameter groups (decay, and no decay: norms and biases) step one after the other: ``elements``
+    is the larger group's partition."""
     return FP32 * elements if foreach_adamw(setup, ds) else 0
 
 
@@ -127,8 +127,14 @@ def _held(how: Share, whole: int, sharded: int) -> int:
     return whole if how is Share.WHOLE else sharded if how is Share.SHARDED else 0
 
 
+def partition_12(setup: TrainingSetup, ds: DeepSpeedSettings) -> layout.FlatPartition:
+    """ZeRO-1/2's flat partition: one group per parameter group of the optimizer DeepSpeed wraps (the Trainer's two,
+    ``stage_1_and_2.py:428-434``), else one."""
+    return layout.flat_partition(setup, optimizer_source(setup, ds) is OptimizerSource.TRAINER)
+
+
 def _zero12(setup: TrainingSetup, ds: DeepSpeedSettings) -> ZeroStates:
-    lp, part = model_dtype_bytes(setup), layout.flat_partition(setup)
+    lp, part = model_dtype_bytes(setup), partition_12(setup, ds)
     ps, shares = part.partition, zero_shares(setup, ds)
     offload = shares[S] is Share.HOST  # offload_optimizer: the fp32 master, gradients and the step on the host
     last = layout.trainable_numels(setup)[-1]  # backward's first gradient
@@ -164,8 +170,8 @@ def _zero12(setup: TrainingSetup, ds: DeepSpeedSettings) -> ZeroStates:
         flush=0 if bf16_optimizer else lp * min(ds.reduce_bucket_size, trained),
         # step(): flatten(averaged_gradients) in half, then .to(fp32) (:3113-3118), the optimizer's own temporary
         # (BF16_Optimizer steps over its held fp32 gradients, bf16_optimizer.py:422)
-        step_temps=0 if offload else adam_temp_bytes(setup, ds, ps) if bf16_optimizer
-        else _step_temps(setup, ds, lp, ps),
+        step_temps=0 if offload else adam_temp_bytes(setup, ds, part.group_partition) if bf16_optimizer
+        else _step_temps(setup, ds, lp, part.group_partition),
         offload_temps=lp * part.largest if offload else 0, gathered_forward=0, gathered_layer=0,
         persistent_gathered=0, last_grad=0,
         # a gradient larger than the bucket is reduced on its own (:1443-1449); a smaller one is copied into the
@@ -312,8 +318,9 @@ def load_peak_bytes(setup: TrainingSetup, z: ZeroStates) -> int:
 _BUILT_BY = {
     OptimizerSource.DEEPSPEED: "the DeepSpeed JSON's optimizer block",
     OptimizerSource.TORCH_ADAM: "the DeepSpeed JSON's optimizer block with torch_adam (engine.py:2377-2380)",
-    OptimizerSource.CLIENT: "the training script (no optimizer block: the HF Trainer's create_optimizer, "
-                            "transformers integrations/deepspeed.py:586-589)",
+    OptimizerSource.TRAINER: "the HF Trainer (no optimizer block: create_optimizer, transformers "
+                             "integrations/deepspeed.py:586-589)",
+    OptimizerSource.SCRIPT: "the training script (oomlab's train.py: one parameter group)",
 }
 
 
@@ -337,7 +344,7 @@ def optimizer_note(setup: TrainingSetup, settings: DeepSpeedSettings | None = No
             part = layout.stage3_partition(setup, ds.sub_group_size, ds.stage3_param_persistence_threshold).sub_group
             where = "one optimizer sub-group"
         else:
-            part, where = layout.flat_partition(setup).partition, "this rank's partition"
+            part, where = partition_12(setup, ds).group_partition, "this rank's partition"
         temp = adam_temp_bytes(setup, ds, part)
         return (f"optimizer: {what}, built by {_BUILT_BY[source]} and wrapped by DeepSpeed; its step allocates "
                 f"exp_avg_sq_sqrt, one fp32 copy of {where} ({temp / 2**30:.2f} GiB; torch/optim/adam.py:762), "

@@ -62,7 +62,9 @@ class OptimizerSource(Choice):
 
     DEEPSPEED = "deepspeed"  # the JSON's "optimizer" block (Adam/AdamW): FusedAdam, DeepSpeedCPUAdam offloaded
     TORCH_ADAM = "torch-adam"  # the block with "torch_adam": true: torch.optim.AdamW (engine.py:2377-2380)
-    CLIENT = "client"  # no block: the script's own optimizer -- the HF Trainer's create_optimizer (optim=...)
+    # no block: the HF Trainer's create_optimizer (optim=...): a decay and a no-decay group (trainer.py:1273-1286)
+    TRAINER = "trainer"
+    SCRIPT = "script"  # a script's own optimizer over every trained parameter, one group (oomlab's train.py)
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def resolve(settings: DeepSpeedSettings | None, spec: ModelSpec, strategy: Strat
     h = spec.hidden_size
     source = s.optimizer_source
     if source is None and optimizer is not None:
-        source = OptimizerSource.DEEPSPEED if optimizer is Optimizer.ADAMW else OptimizerSource.CLIENT
+        source = OptimizerSource.DEEPSPEED if optimizer is Optimizer.ADAMW else OptimizerSource.SCRIPT
     return replace(
         s,
         reduce_bucket_size=h * h if s.reduce_bucket_size is None else s.reduce_bucket_size,
@@ -234,8 +236,8 @@ def optimizer_source(config: Mapping[str, Any]) -> OptimizerSource:
     integration hands DeepSpeed the Trainer's own (``transformers/integrations/deepspeed.py:576-589``
     ``deepspeed_optim_sched``: ``trainer.create_optimizer()``, ``zero_allow_untested_optimizer``)."""
     block = _block(config, "optimizer")
-    if not block:
-        return OptimizerSource.CLIENT
+    if not block:  # NB: read as the Trainer's; a script's own optimizer in one group differs by the norms' padding
+        return OptimizerSource.TRAINER
     params = block.get("params")
     torch_adam = isinstance(params, Mapping) and params.get("torch_adam") in (True, "true", "True")
     return OptimizerSource.TORCH_ADAM if torch_adam else OptimizerSource.DEEPSPEED

@@ -106,32 +106,61 @@ def _numels(spec: ModelSpec, method: Method, rank: int, targets: tuple[str, ...]
 
 @dataclass(frozen=True)
 class FlatPartition:
-    """ZeRO-1/2's flat group of the trained parameters and one rank's partition of it (elements)."""
+    """ZeRO-1/2's flat groups of the trained parameters (one per optimizer parameter group) and one rank's partition
+    of them (elements, summed over the groups)."""
 
-    aligned: int  # the flat half buffer, padded to a multiple of 2N (stage_1_and_2.py:441-447)
+    aligned: int  # the flat half buffers, each padded to a multiple of 2N (stage_1_and_2.py:441-447)
     partition: int  # ps: aligned / N (get_data_parallel_partitions, :2559-2577; partition_size :586)
-    in_partition: int  # Sp: whole parameters overlapping the partition, largest over ranks (get_partition_info)
+    in_partition: int  # Sp: whole parameters overlapping the partitions, largest over ranks (get_partition_info)
     largest: int  # the largest trained parameter (offload's temp_grad_buffer_* , :653-661)
+    group_partition: int  # the largest group's partition: step() converts and steps one group at a time (:3075-3141)
 
 
-@lru_cache(maxsize=1024)
-def _flat(numels: tuple[int, ...], world: int) -> FlatPartition:
+def _held_per_rank(numels: tuple[int, ...], world: int) -> tuple[int, int, tuple[int, ...]]:
+    """(aligned, partition, per rank the whole parameters overlapping its partition) of one flat group."""
     alignment = NCCL_START_ALIGNMENT * world
     aligned = ceil_div(sum(numels), alignment) * alignment
     size = aligned // world
-    worst = 0
+    held = []
     for rank in range(world):  # get_partition_info (stage_1_and_2.py:2579-2611), no parameter padding by default
-        start, end, index, held = size * rank, size * (rank + 1), 0, 0
+        start, end, index, total = size * rank, size * (rank + 1), 0, 0
         for n in numels:
             if start <= index < end or index < start < index + n:
-                held += n
+                total += n
             index += n
-        worst = max(worst, held)
-    return FlatPartition(aligned, size, worst, max(numels, default=0))
+        held.append(total)
+    return aligned, size, tuple(held)
 
 
-def flat_partition(setup: TrainingSetup) -> FlatPartition:
-    return _flat(trainable_numels(setup), setup.world_size)
+@lru_cache(maxsize=1024)
+def _flat(groups: tuple[tuple[int, ...], ...], world: int) -> FlatPartition:
+    parts = [_held_per_rank(g, world) for g in groups if g]
+    worst = max(sum(p[2][rank] for p in parts) for rank in range(world))
+    return FlatPartition(sum(p[0] for p in parts), sum(p[1] for p in parts), worst,
+                         max((n for g in groups for n in g), default=0), max(p[1] for p in parts))
+
+
+@lru_cache(maxsize=256)
+def _decay_groups(spec: ModelSpec, method: Method, rank: int, targets: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """The HF Trainer's two groups of the trained parameters: weight decay, and none for norms and biases
+    (``get_decay_parameter_names``, transformers trainer.py:1408-1418; groups :1273-1286), in registration order."""
+    decay, no_decay = [], []
+    for module in modules(spec, method, rank, targets):
+        if not _trained(method, module):
+            continue
+        norm = module.name.endswith("layernorm") or module.name == "norm"
+        for k, n in enumerate(module.numels):  # a Linear's second tensor is its bias
+            (no_decay if norm or k else decay).append(n)
+    return tuple(decay), tuple(no_decay)
+
+
+def flat_partition(setup: TrainingSetup, trainer_groups: bool = False) -> FlatPartition:
+    """ZeRO-1/2's partition: one group of every trained parameter, or (``trainer_groups``) the HF Trainer's two."""
+    if trainer_groups:
+        groups = _decay_groups(setup.model, setup.method, setup.lora_rank, setup.lora_targets)
+    else:
+        groups = (trainable_numels(setup),)
+    return _flat(groups, setup.world_size)
 
 
 # -------------------------------------------------------------------------------------------------------- ZeRO-3

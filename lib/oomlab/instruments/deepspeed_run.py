@@ -17,7 +17,11 @@ over a file rendezvous) that run every case of that size in turn, two steps each
 fp16: the CPU accelerator refuses it where oneDNN has no fp16 (``ValueError: Type fp16 is not supported on your
 device.``, ``runtime/engine.py:2003-2004``, ``accelerator/cpu_accelerator.py:228-233``); a case marked
 ``patch_fp16`` replaces only that capability check.  The optimizer is torch's ``AdamW(fused=True)`` handed to
-DeepSpeed as its client optimizer (no JIT build; in place, like FusedAdam on a GPU).
+DeepSpeed as its client optimizer (no JIT build; in place, like FusedAdam on a GPU); a case with ``trainer_optim``
+(``"adamw_torch"``) has the HF Trainer's own ``create_optimizer`` build it from ``TrainingArguments(optim=...)`` (its
+two parameter groups, decay and no decay), as ``deepspeed_optim_sched`` does for a JSON without an optimizer block
+(``transformers/integrations/deepspeed.py:586-589``), with ``foreach=True``: the implementation torch picks for CUDA
+tensors (``torch/optim/optimizer.py:161-186``), which on CPU it would not.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 
 from oomlab.budget.deepspeed_config import (
     DeepSpeedSettings,
+    OptimizerSource,
     data_types_block,
     precision_block,
     zero_optimization_block,
@@ -57,7 +62,28 @@ def case_setup(case: dict[str, Any]) -> TrainingSetup:
 
 
 def case_settings(case: dict[str, Any]) -> DeepSpeedSettings:
-    return DeepSpeedSettings(**case.get("settings", {}))
+    settings = dict(case.get("settings", {}))
+    if settings.get("optimizer_source") is not None:
+        settings["optimizer_source"] = OptimizerSource(settings["optimizer_source"])
+    return DeepSpeedSettings(**settings)
+
+
+def trainer_optimizer(model: Any, optim: str, folder: str) -> Any:
+    """The optimizer the HF Trainer builds for ``model`` with ``optim`` (``Trainer.create_optimizer``: its decay and
+    no-decay groups, ``get_optimizer_cls_and_kwargs``), foreach as on CUDA."""
+    from types import SimpleNamespace
+
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=folder, optim=optim, learning_rate=LEARNING_RATE, report_to=[], use_cpu=True)
+    trainer = SimpleNamespace(model=model, args=args, optimizer=None, optimizer_cls_and_kwargs=None,
+                              get_optimizer_cls_and_kwargs=Trainer.get_optimizer_cls_and_kwargs)
+    trainer.get_decay_parameter_names = lambda m: Trainer.get_decay_parameter_names(trainer, m)
+    optimizer = Trainer.create_optimizer(trainer)
+    for group in optimizer.param_groups:
+        if group.get("foreach") is None and not group.get("fused"):
+            group["foreach"] = True
+    return optimizer
 
 
 def case_config(case: dict[str, Any]) -> dict[str, Any]:
@@ -261,7 +287,10 @@ def _run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
                 model = build_model(base, "cpu")
             _mark("initialize")
             optimizer = None  # a JSON with an "optimizer" block: DeepSpeed builds its own (FusedAdam: a JIT build)
-            if "optimizer" not in config:
+            if case.get("trainer_optim") and "optimizer" not in config:
+                with tempfile.TemporaryDirectory(prefix="oomlab-trainer-") as folder:
+                    optimizer = trainer_optimizer(model, case["trainer_optim"], folder)
+            elif "optimizer" not in config:
                 optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE,
                                               fused=True)
             engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
