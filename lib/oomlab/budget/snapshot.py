@@ -29,14 +29,14 @@ from typing import Any
 from oomlab.budget.result import BudgetResult, MemCategory
 from oomlab.budget.timeline import StepTensor, StepTimeline, step_timeline
 from oomlab.core.errors import InvalidValueError
-from oomlab.core.units import MiB
+from oomlab.core.units import MiB, format_size
 from oomlab.core.user_input import shown
 from oomlab.explanation.snapshot import SIMULATED_PREFIX, SnapshotCategory, simulated_frame_file
 from oomlab.explanation.snapshot_format import SnapshotError, load_snapshot, read_snapshot
 from oomlab.reproduction.allocator import CachingAllocator, Pool, SimulatedOutOfMemory, round_size
 
-__all__ = ["BASE_ADDRESS", "PICKLE_PROTOCOL", "SNAPSHOT_CATEGORY", "AllocatorReplay", "simulate_allocator",
-           "snapshot_dict", "snapshot_bytes", "write_snapshot"]
+__all__ = ["BASE_ADDRESS", "PICKLE_PROTOCOL", "SNAPSHOT_CATEGORY", "AllocatorReplay", "render_replay",
+           "simulate_allocator", "snapshot_bytes", "snapshot_dict", "write_snapshot"]
 
 # One table: the budget's category -> the category a snapshot's frames can tell (explanation.snapshot)
 SNAPSHOT_CATEGORY: Mapping[MemCategory, SnapshotCategory] = {
@@ -218,3 +218,15 @@ def write_snapshot(result: BudgetResult, path: str | os.PathLike[str],
         raise InvalidValueError(f"--snapshot {shown(str(path))} cannot be written: {err.strerror or err}") from err
     return path
 
+
+
+def render_replay(replay: AllocatorReplay) -> str:
+    """Where the allocator model gave up on the step, in one sentence (or that it did not)."""
+    if replay.oom_event is None:
+        return (f"The step fits the allocator model: all {len(replay.timeline.events)} allocations and frees succeed, "
+                f"{len(replay.segments)} segments reserved at the end.")
+    t = replay.timeline.events[replay.oom_event].tensor
+    where = "the model states held between steps" if t.phase is None else f"the {t.phase.value} phase"
+    return (f"The allocator model gives up at event {replay.oom_event + 1} of {len(replay.timeline.events)}: "
+            f"{format_size(t.size_bytes)} of {t.category.value} for {t.module}, in {where}, with "
+            f"{format_size(replay.device_free_bytes or 0)} free on the device.")
