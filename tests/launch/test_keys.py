@@ -47,6 +47,6 @@ def test_check_lists_decisive_flags_before_harmless_ones() -> None:
                "--eval_steps 100 --overwrite_output_dir --plot_loss --template llama3 --finetuning_type lora "
                "--lora_target q_proj,v_proj --cutoff_len 4096")
     launch = read_launch(LaunchInputs(command=command, model="llama-2-7b", gpu="a100-80gb"))
-    assert [u.origin.where for u in launch.unmodelled[:4]] == [
-        "--cutoff_len", "--finetuning_type", "--lora_target", "--template"]
-    assert launch.to_dict()["unmodelled"][0]["origin"]["where"] == "--cutoff_len"
+    assert [u.origin.where for u in launch.unmodelled[:3]] == ["--finetuning_type", "--lora_target", "--template"]
+    assert launch.to_dict()["unmodelled"][0]["origin"]["where"] == "--finetuning_type"
+    assert str(launch.fields["seq"].origin) == "flag --cutoff_len 4096"  # a custom script's cutoff_len is read

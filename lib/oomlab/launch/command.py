@@ -1,5 +1,8 @@
 """A launch command line read: ``torchrun`` (or ``python -m torch.distributed.run``), ``accelerate launch``,
-``deepspeed`` or plain ``python``; its launcher options, the training script and the script's own flags.
+``deepspeed``, plain ``python``, or a framework's own command (``llamafactory-cli train``, ``axolotl train``,
+``trl sft|dpo|...``); its launcher options, the training script and the script's own flags.  A config file named
+right after the script (``axolotl train config.yml``, ``python -m axolotl.cli.train config.yml``) is its ``config``;
+LLaMA-Factory's ``key=value`` words after its YAML (OmegaConf overrides) are flags named ``key``.
 
 Only what the launcher is and how many processes it starts matters here; :mod:`.read` turns the flags into setup
 fields, each flag its own origin.  Environment assignments in front (``CUDA_VISIBLE_DEVICES=0,1 ...``) are kept.
@@ -22,6 +25,17 @@ class Launcher(enum.Enum):
     ACCELERATE = "accelerate launch"  # accelerate's launcher: its config file and flags decide the distributed type
     DEEPSPEED = "deepspeed"  # DeepSpeed's launcher: one process per visible GPU (--num_gpus)
     PYTHON = "python"  # one process (the HF Trainer then wraps nn.DataParallel over every visible GPU)
+    # the frameworks' own commands, each starting a process per visible GPU
+    LLAMAFACTORY = "llamafactory-cli"  # llamafactory-cli train: torchrun over NPROC_PER_NODE (every visible GPU)
+    AXOLOTL = "axolotl"  # axolotl train: accelerate launch -m axolotl.cli.train
+    TRL = "trl"  # trl sft|dpo|grpo|kto|reward|rloo: accelerate launch of trl/scripts/<name>.py
+
+
+# the subcommands of the frameworks' commands that train (the script of the command)
+FRAMEWORK_TRAIN = {Launcher.LLAMAFACTORY: ("train",), Launcher.AXOLOTL: ("train",),
+                   Launcher.TRL: ("sft", "dpo", "grpo", "kto", "reward", "rloo")}
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+_OVERRIDE = re.compile(r"([A-Za-z_][\w.]*)=(.*)", re.DOTALL)  # an OmegaConf override: key=value
 
 
 # launcher options that take no value (everything else of the form --opt takes one)
@@ -32,6 +46,7 @@ _SWITCHES = {
     Launcher.DEEPSPEED: {"--no_python", "--no_local_rank", "--module", "--force_multi", "--autotuning",
                          "--enable_each_rank_log", "--bind_cores_to_rank", "--no_ssh_check", "--elastic_training"},
     Launcher.PYTHON: {"-u", "-O", "-B"},
+    Launcher.LLAMAFACTORY: set(), Launcher.AXOLOTL: set(), Launcher.TRL: set(),
 }
 _TORCH_RUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _VAR = re.compile(r"\$(\w+)|\$\{(\w+)\}")
@@ -47,6 +62,7 @@ class LaunchCommand:
     options: tuple[tuple[str, str | None], ...]  # the launcher's options (None: a switch)
     script: str
     flags: tuple[tuple[str, str | None], ...]  # the script's flags (None: a flag without value)
+    config: str | None = None  # a config file named right after the script (axolotl's, LLaMA-Factory's YAML)
 
     def option(self, *names: str) -> tuple[str, str | None] | None:
         """The last of the launcher's options named ``names`` (``--nproc_per_node``/``--nproc-per-node``)."""
@@ -54,23 +70,29 @@ class LaunchCommand:
         return found[-1] if found else None
 
     def flag(self, *names: str) -> tuple[str, str | None] | None:
+        """The last of the script's flags named ``names`` (a LLaMA-Factory override ``key=value`` is named ``key``)."""
         found = [(k, v) for k, v in self.flags if k in names]
         return found[-1] if found else None
 
     def to_dict(self) -> dict:
         return {"text": self.text, "launcher": self.launcher.value, "env": dict(self.env),
                 "options": [list(o) for o in self.options], "script": self.script,
-                "flags": [list(f) for f in self.flags]}
+                "flags": [list(f) for f in self.flags], "config": self.config}
 
 
-def split_flags(words: list[str], switches: set[str] = frozenset()) -> tuple[tuple[str, str | None], ...]:
+def split_flags(words: list[str], switches: set[str] = frozenset(),
+                overrides: bool = False) -> tuple[tuple[str, str | None], ...]:
     """``--key value`` / ``--key=value`` / ``--flag`` (no value: the next word is another option, or none is left);
-    a bare word after a value (``--configs a b``) joins the previous flag's value with a space."""
+    a bare word after a value (``--configs a b``) joins the previous flag's value with a space; with ``overrides``,
+    a bare ``key=value`` word (LLaMA-Factory's OmegaConf override after its YAML) is the flag ``key``."""
     out: list[list] = []
     i = 0
     while i < len(words):
         word = words[i]
-        if word.startswith("-") and len(word) > 1 and not _is_number(word):
+        override = _OVERRIDE.fullmatch(word) if overrides else None
+        if override:
+            out.append([override.group(1), override.group(2)])
+        elif word.startswith("-") and len(word) > 1 and not _is_number(word):
             key, eq, value = word.partition("=")
             if eq:
                 out.append([key, value])
@@ -138,6 +160,12 @@ def parse_command(text: str) -> LaunchCommand:
         launcher, rest = Launcher.ACCELERATE, rest[1:]
     elif program == "deepspeed":
         launcher = Launcher.DEEPSPEED
+    elif program == "llamafactory-cli" or program == "lmf":
+        launcher = Launcher.LLAMAFACTORY
+    elif program == "axolotl":
+        launcher = Launcher.AXOLOTL
+    elif program == "trl":
+        launcher = Launcher.TRL
     elif program.startswith("python"):
         if rest[:1] == ["-m"] and len(rest) > 1 and rest[1] in _TORCH_RUN_MODULES:
             launcher, rest = Launcher.TORCHRUN, rest[2:]
@@ -147,7 +175,8 @@ def parse_command(text: str) -> LaunchCommand:
             launcher = Launcher.PYTHON
     else:
         raise InvalidValueError(f"unknown launcher {words[0]!r} in {text!r}; known: torchrun, python -m "
-                                "torch.distributed.run, accelerate launch, deepspeed, python")
+                                "torch.distributed.run, accelerate launch, deepspeed, python, llamafactory-cli train, "
+                                "axolotl train, trl sft|dpo|grpo|kto|reward|rloo")
     options, i = _launcher_options(rest, launcher)
     if launcher is Launcher.PYTHON and options and options[-1][0] == "-m" and options[-1][1] is not None:
         script, i = options.pop()[1], i
@@ -155,8 +184,15 @@ def parse_command(text: str) -> LaunchCommand:
         script, i = rest[i], i + 1
     else:
         raise InvalidValueError(f"no training script in the launch command {text!r}")
+    if launcher in FRAMEWORK_TRAIN and script not in FRAMEWORK_TRAIN[launcher]:
+        raise InvalidValueError(f"{words[0]} {script!r} does not train; oomlab reads "
+                                f"{', '.join(f'{words[0]} {s}' for s in FRAMEWORK_TRAIN[launcher])}")
+    config = None
+    if i < len(rest) and rest[i].lower().endswith(CONFIG_SUFFIXES) and not rest[i].startswith("-"):
+        config, i = rest[i], i + 1
     return LaunchCommand(text=" ".join(text.split()), launcher=launcher, env=tuple(env), options=tuple(options),
-                         script=script, flags=split_flags(rest[i:]))
+                         script=script, flags=split_flags(rest[i:], overrides=launcher is Launcher.LLAMAFACTORY),
+                         config=config)
 
 
 def expand_env(value: str | None, env: dict[str, str]) -> str | None:

@@ -27,9 +27,12 @@ DEEPSPEED_KEYS = frozenset({
 })
 
 # TrainingArguments (and TRL SFTConfig / ModelConfig) names, as JSON keys or as --flags of a transformers-style script
-BATCH_KEYS = ("per_device_train_batch_size",)
+BATCH_KEYS = ("per_device_train_batch_size", "micro_batch_size")  # the second: axolotl's, alpaca-lora's finetune.py
 ACCUMULATION_KEYS = ("gradient_accumulation_steps",)  # read for a DeepSpeed JSON's batch arithmetic
-SEQ_KEYS = ("max_seq_length", "max_length", "model_max_length", "block_size", "max_seq_len", "seq_length")
+SEQ_KEYS = ("max_seq_length", "max_length", "model_max_length", "block_size", "max_seq_len", "seq_length",
+            "cutoff_len", "sequence_len", "seq_len", "context_length")  # cutoff_len: LLaMA-Factory's, alpaca-lora's
+# a script that truncates the prompt and the answer apart (LLaMA-Factory before 0.5, ChatGLM-Tuning): their sum
+SOURCE_TARGET_KEYS = ("max_source_length", "max_target_length")
 CHECKPOINTING_KEYS = ("gradient_checkpointing", "activation_checkpointing")  # the second: 5.x's new name
 OPTIM_KEYS = ("optim",)
 DEEPSPEED_ARG_KEYS = ("deepspeed",)
@@ -37,7 +40,7 @@ FSDP_KEYS = ("fsdp",)
 FSDP_CONFIG_KEYS = ("fsdp_config",)
 ATTENTION_KEYS = ("attn_implementation",)
 DTYPE_KEYS = ("torch_dtype", "dtype")
-MODEL_KEYS = ("model_name_or_path", "model_name", "model_id")
+MODEL_KEYS = ("model_name_or_path", "model_name", "model_id", "base_model")
 PEFT_KEYS = ("use_peft",)
 LORA_RANK_KEYS = ("lora_r", "lora_rank")
 LORA_ALPHA_KEYS = ("lora_alpha",)
@@ -47,7 +50,8 @@ QUANT_8BIT_KEYS = ("load_in_8bit",)
 TRAINING_KEYS = frozenset({"fp16", "bf16", *BATCH_KEYS, *SEQ_KEYS, *CHECKPOINTING_KEYS, *OPTIM_KEYS,
                            *DEEPSPEED_ARG_KEYS, *FSDP_KEYS, *FSDP_CONFIG_KEYS, *ATTENTION_KEYS, *DTYPE_KEYS,
                            *MODEL_KEYS, *PEFT_KEYS, *LORA_RANK_KEYS, *LORA_ALPHA_KEYS, *LORA_TARGET_KEYS,
-                           *QUANT_4BIT_KEYS, *QUANT_8BIT_KEYS})
+                           *QUANT_4BIT_KEYS, *QUANT_8BIT_KEYS, *SOURCE_TARGET_KEYS,
+                           "gradient_accumulation_steps"})
 
 # transformers' --optim names (training_args.py OptimizerNames) -> oomlab's optimizer
 OPTIM_NAMES: dict[str, Optimizer] = {
@@ -55,6 +59,9 @@ OPTIM_NAMES: dict[str, Optimizer] = {
     "adamw_hf": Optimizer.ADAMW,  # transformers' own AdamW (removed in 5.x): two fp32 moments, as adamw
     "adamw_bnb_8bit": Optimizer.ADAMW_8BIT, "adamw_8bit": Optimizer.ADAMW_8BIT,
     "paged_adamw_8bit": Optimizer.ADAMW_8BIT, "sgd": Optimizer.SGD,
+    # NB: bitsandbytes' paged 32-bit AdamW keeps two fp32 moments as adamw; paging moves them to the host only under
+    # memory pressure, so they are budgeted resident (axolotl's examples/llama-3/qlora.yml uses it)
+    "paged_adamw_32bit": Optimizer.ADAMW, "adamw_bnb_32bit": Optimizer.ADAMW,
 }
 
 # accelerate config (``accelerate config`` YAML) keys that enter the setup
@@ -89,7 +96,7 @@ LAUNCHER_OPTIONS = {
                           "--zero3_init_flag", "--offload_optimizer_device", "--offload_param_device",
                           "--fsdp_version", "--fsdp_offload_params", "--gpu_ids"},
     "deepspeed": {"--num_gpus", "--num_accelerators", "--num_nodes", "--num_node", "--hostfile", "-H", "--include"},
-    "python": set(),
+    "python": set(), "llamafactory-cli": set(), "axolotl": set(), "trl": {"--num_processes"},
 }
 
 

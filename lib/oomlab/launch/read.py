@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
-from oomlab.core.choices import Attention, Method, Precision, choice
+from oomlab.core.choices import Attention, Method, Precision, choice, plain
 from oomlab.core.errors import InvalidValueError, LaunchConflictError, UnknownNameError
 from oomlab.core.models import ALL_LINEAR
 from oomlab.core.setup import TrainingSetup
@@ -62,6 +62,9 @@ class LaunchInputs:
     gpu: str = "t4"
     gpus: int | None = None  # GPUs per node on the machine (None: as the launch says)
     command_dir: str | None = None  # the folder holding the command (launch.txt): its relative paths start there
+    seq: int | None = None  # ``check --seq N``: the sequence length, whatever the launch says
+    batch: int | None = None  # ``check --batch N``: the micro-batch per GPU, whatever the launch says
+    trainer: str | None = None  # ``check --trainer KIND``: the training loop, whatever the launch says
 
     @property
     def given(self) -> bool:
@@ -106,7 +109,7 @@ class UserLaunch:
                 "command": None if self.command is None else self.command.to_dict(),
                 "unmodelled": [u.to_dict() for u in self.unmodelled], "files": list(self.files),
                 "assumptions": list(self.assumptions),
-                "deepspeed": None if self.deepspeed is None else {k: getattr(self.deepspeed, k) for k in
+                "deepspeed": None if self.deepspeed is None else {k: plain(getattr(self.deepspeed, k)) for k in
                                                                   self.deepspeed.__dataclass_fields__}}
 
 
@@ -151,9 +154,11 @@ def file_lookup(f: LaunchFile) -> Lookup:
 
 def flag_lookup(cmd: LaunchCommand) -> Lookup:
     def look(key: str) -> tuple[bool, Any, Origin]:
-        found = cmd.flag(f"--{key}", f"--{key.replace('_', '-')}")
+        found = cmd.flag(f"--{key}", f"--{key.replace('_', '-')}", key)  # key=value: LLaMA-Factory's override
         if found is None:
             return False, None, flag_origin(f"--{key}")
+        if not found[0].startswith("-"):
+            return True, found[1], flag_origin(f"{found[0]}={found[1]}")
         return True, found[1], flag_origin(found[0] if found[1] is None else f"{found[0]} {found[1]}")
     return look
 
@@ -188,6 +193,11 @@ def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, An
     hit = _first(look, K.SEQ_KEYS)
     if hit[0] and hit[1] is not None:
         claims.say("seq", int_value(hit[1], hit[2], MAX_SEQ), hit[2])
+    source, target = (look(key) for key in K.SOURCE_TARGET_KEYS)
+    if source[0] and target[0] and source[1] is not None and target[1] is not None:  # prompt + answer, concatenated
+        total = int_value(source[1], source[2], MAX_SEQ) + int_value(target[1], target[2], MAX_SEQ)
+        claims.say("seq", total, Origin(source[2].kind, f"{source[2].where} + {target[2].where}", source[2].key,
+                                        source[2].line))
     for key in K.CHECKPOINTING_KEYS:
         hit = look(key)
         if hit[0] and hit[1] is not None or hit[0] and not is_json:
@@ -200,7 +210,7 @@ def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, An
         claims.say("optimizer", K.OPTIM_NAMES[name], hit[2])
     hit = look("attn_implementation")
     if hit[0] and hit[1] is not None:
-        claims.say("attention", _attention(hit[1], hit[2]), hit[2])
+        claims.say("attention", attention_of(hit[1], hit[2]), hit[2])
     hit = _first(look, K.DTYPE_KEYS)
     if hit[0] and hit[1] not in (None, "auto"):
         claims.say("load_dtype", dtype_name(hit[1], hit[2]), hit[2])
@@ -213,6 +223,7 @@ def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, An
     hit = _first(look, K.ACCUMULATION_KEYS)
     if hit[0] and hit[1] is not None:  # fills a DeepSpeed JSON's "auto" (oomlab.launch.batch)
         refs["gradient_accumulation_steps"] = (int_value(hit[1], hit[2], MAX_BATCH), hit[2])
+        claims.say("accumulation", refs["gradient_accumulation_steps"][0], hit[2])
     hit = _first(look, K.MODEL_KEYS)
     if hit[0] and hit[1]:
         refs["model"] = hit
@@ -234,12 +245,18 @@ def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, An
 
 
 def targets_of(value: Any) -> tuple[str, ...]:
+    """LoRA target modules as written: a list, ``q_proj,v_proj``, ``[q_proj,v_proj]`` (a fire flag), or
+    ``all-linear``."""
     if isinstance(value, str):
-        return (ALL_LINEAR,) if value == ALL_LINEAR else tuple(t for t in value.replace(",", " ").split() if t)
+        text = value.strip().strip("[]")
+        if text == ALL_LINEAR:
+            return (ALL_LINEAR,)
+        return tuple(t.strip("'\"") for t in text.replace(",", " ").split() if t.strip("'\""))
     return tuple(str(t) for t in value)
 
 
-def _attention(value: Any, origin: Origin) -> Attention:
+def attention_of(value: Any, origin: Origin) -> Attention:
+    """transformers' attn_implementation (or a framework's name for it) as oomlab's attention."""
     text = str(value).lower()
     if text.startswith("flash_attention") or text == "flex_attention":
         return Attention.SDPA  # NB: memory-efficient kernels save no s x s probabilities, as SDPA
@@ -346,6 +363,20 @@ def launcher_refs(claims: Claims, cmd: LaunchCommand) -> dict[str, Any]:
         elif nodes:
             claims.say("nodes", count, nodes[1])
         refs["distributed_type"] = ("DEEPSPEED", flag_origin("deepspeed (the launcher)"))
+    elif cmd.launcher is Launcher.LLAMAFACTORY:
+        # launcher.py (LLaMA-Factory 0.9.5) lines 64-66: torchrun --nnodes $NNODES --nproc_per_node $NPROC_PER_NODE,
+        # NPROC_PER_NODE defaulting to every visible GPU (get_device_count); oomlab.launch.resolve counts those
+        for name, field_name in (("NPROC_PER_NODE", "gpus"), ("NNODES", "nodes")):
+            if name in env:
+                origin = flag_origin(f"{name}={env[name]} (LLaMA-Factory launcher.py)")
+                claims.say(field_name, int_value(env[name], origin, MAX_PROCESSES), origin)
+    elif cmd.launcher is Launcher.TRL:  # trl/cli/accelerate_launcher.py: accelerate launch's own --num_processes
+        hit = cmd.flag("--num_processes")
+        if hit and hit[1] is not None:
+            refs["num_processes"] = (int_value(hit[1], flag_origin(f"--num_processes {hit[1]}"), MAX_PROCESSES),
+                                     flag_origin(f"--num_processes {hit[1]}"))
+    elif cmd.launcher is Launcher.AXOLOTL:
+        pass  # axolotl train runs accelerate launch -m axolotl.cli.train: a process per visible GPU
     elif cmd.launcher is Launcher.PYTHON and "SLURM_NTASKS_PER_NODE" in env:
         pass  # srun starts SLURM_NTASKS_PER_NODE processes per node (oomlab.launch.nodes.slurm_claims)
     elif cmd.launcher is Launcher.PYTHON:

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from oomlab.budget.deepspeed_config import DeepSpeedSettings
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, choice
+from oomlab.budget.deepspeed_config import DeepSpeedSettings, OptimizerSource
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ModelSpec, known_models, load_model, model_from_config
@@ -26,7 +26,7 @@ from oomlab.launch.read import UserLaunch
 RECORD_VERSION = 1
 SETUP_RECORD_NAME = "setup.json"  # under the run's results/
 _CHOICES = {"strategy": Strategy, "method": Method, "precision": Precision, "optimizer": Optimizer,
-            "attention": Attention}
+            "attention": Attention, "trainer": Trainer, "reference": Reference}
 _FIELD_KINDS: dict[str, Any] = {**_CHOICES, "launcher": Launcher}
 
 
@@ -54,7 +54,8 @@ def setup_of(record: dict[str, Any]) -> TrainingSetup:
     """The :class:`TrainingSetup` :func:`setup_record` wrote (validated again, its strategy kept as written)."""
     return validate(TrainingSetup(
         model=_model_of(record["model"]), gpu=load_gpu(record["gpu"]), gpus=record["gpus"], nodes=record["nodes"],
-        **{name: choice(kind, record[name], name) for name, kind in _CHOICES.items()},
+        **{name: choice(kind, record.get(name, kind.__members__[next(iter(kind.__members__))].value), name)
+           for name, kind in _CHOICES.items()},  # a record written before trainer / reference: their first member
         batch=record["batch"], seq=record["seq"], checkpointing=record["checkpointing"],
         lora_rank=record["lora_rank"], lora_alpha=record["lora_alpha"], lora_targets=tuple(record["lora_targets"])))
 
@@ -75,7 +76,7 @@ def _command_of(d: dict[str, Any] | None) -> LaunchCommand | None:
         return None
     return LaunchCommand(text=d["text"], launcher=Launcher(d["launcher"]), env=tuple(d["env"].items()),
                          options=tuple((k, v) for k, v in d["options"]), script=d["script"],
-                         flags=tuple((k, v) for k, v in d["flags"]))
+                         flags=tuple((k, v) for k, v in d["flags"]), config=d.get("config"))
 
 
 def launch_record(launch: UserLaunch) -> dict[str, Any]:
@@ -92,6 +93,8 @@ def launch_of(record: dict[str, Any]) -> UserLaunch:
                             tuple(_origin_of(o) for o in f["also"]))
               for name, f in record["fields"].items()}
     ds = record["deepspeed"]
+    if ds is not None and ds.get("optimizer_source") is not None:
+        ds = {**ds, "optimizer_source": OptimizerSource(ds["optimizer_source"])}
     return UserLaunch(
         setup=setup_of(record["setup"]), fields=fields, deepspeed=None if ds is None else DeepSpeedSettings(**ds),
         launcher=None if record["launcher"] is None else Launcher(record["launcher"]), trainer=record["trainer"],

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from oomlab.budget.deepspeed_config import OFFLOAD_PARAM_IGNORED, ignored_offload_param, read_deepspeed_config
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, plain
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, plain
 from oomlab.core.defaults import DEFAULT_LORA_TARGETS
 from oomlab.core.errors import InvalidValueError, LaunchConflictError, LaunchFileError, UnknownNameError
 from oomlab.core.gpus import load_gpu
@@ -17,10 +17,14 @@ from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.setup import make_setup
 from oomlab.core.user_input import shown
 from oomlab.launch import keys as K
+from oomlab.launch.axolotl import VERSION as AXOLOTL
 from oomlab.launch.batch import World, deepspeed_batch
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import Launcher, parse_command
 from oomlab.launch.files import LaunchFile, read_json, read_yaml
+from oomlab.launch.framework_read import read_framework
+from oomlab.launch.given import given_claims, trainer_default
+from oomlab.launch.llamafactory import VERSION as LLAMAFACTORY
 from oomlab.launch.nodes import hostfile_path, read_hostfile, slurm_claims
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, assumed, default_origin, file_origin, flag_origin
 from oomlab.launch.read import (
@@ -40,6 +44,8 @@ from oomlab.launch.read import (
     targets_of,
     training_claims,
 )
+from oomlab.launch.script_defaults import script_claims
+from oomlab.launch.trl_config import VERSION as TRL
 
 
 def _unmodelled_leaves(f: LaunchFile, modelled: frozenset[str], harmless: frozenset[str] = frozenset(),
@@ -105,8 +111,8 @@ def _processes(claims: Claims, inputs: LaunchInputs, launcher: Launcher | None, 
         nodes = claims.winner("nodes")
         per_node = total // (nodes.value if nodes else 1)
         claims.say("gpus", max(per_node, 1), origin)
-    if not claims.stated("gpus") and launcher in (Launcher.ACCELERATE, Launcher.DEEPSPEED):
-        library = K.ACCELERATE if launcher is Launcher.ACCELERATE else K.DEEPSPEED
+    if not claims.stated("gpus") and launcher in PER_VISIBLE_GPU:
+        library = PER_VISIBLE_GPU[launcher]
         if machine is None:
             claims.say("gpus", 1, assumed("the launcher starts one process per visible GPU; give --gpus N"),
                        Strength.ASSUMED)
@@ -235,6 +241,8 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     """The setup the user's files and command launch, every field with its origin (see :mod:`oomlab.launch.read`)."""
     load_gpu(inputs.gpu)  # an unknown GPU is refused before any file is read
     claims, unmodelled, files = Claims(), [], []
+    given_trainer = given_claims(claims, inputs)
+    framework = None
     cmd = parse_command(inputs.command) if inputs.command else None
     refs: dict[str, Any] = {}
     training_refs: dict[str, Any] = {}
@@ -253,10 +261,22 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         allowed = K.LAUNCHER_OPTIONS[cmd.launcher.value]
         unmodelled += [Unmodelled(flag_origin(k), v, "launcher option not modelled") for k, v in cmd.options
                        if k not in allowed and k != "--config_file"]
-        training_refs.update(training_claims(claims, flag_lookup(cmd), is_json=False))
-        trainer = any(f"--{k}" in {f for f, _ in cmd.flags} for k in ("per_device_train_batch_size", "output_dir"))
-        unmodelled += [Unmodelled(flag_origin(k), v, "script flag not modelled") for k, v in cmd.flags
-                       if k.lstrip("-").replace("-", "_") not in K.TRAINING_KEYS]
+        framework = read_framework(claims, cmd, inputs.command_dir, inputs.gpu)
+        if framework is not None:  # LLaMA-Factory, axolotl, TRL: each runs the HF Trainer
+            training_refs.update(framework.refs)
+            for key, value in framework.launcher_refs.items():
+                refs.setdefault(key, value)
+            unmodelled += framework.unmodelled
+            files += framework.files
+            base_dirs += [Path(f).parent for f in framework.files]
+            trainer = True
+        else:
+            training_refs.update(training_claims(claims, flag_lookup(cmd), is_json=False))
+            script_claims(claims, cmd, inputs.command_dir)  # what the script's own source defaults
+            trainer = any(f"--{k}" in {f for f, _ in cmd.flags} for k in ("per_device_train_batch_size",
+                                                                           "output_dir"))
+            unmodelled += [Unmodelled(flag_origin(k), v, "script flag not modelled") for k, v in cmd.flags
+                           if k.lstrip("-").replace("-", "_") not in K.TRAINING_KEYS]
     if inputs.training_args:
         ta = read_json(inputs.training_args)
         files.append(ta.path)
@@ -329,10 +349,14 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         if multi and cmd is None and "distributed_type" not in refs:
             strategy_origin = assumed(f"no launch command: a process per GPU (torchrun / accelerate launch) over "
                                       f"{fields['gpus'].origin}")
-    setup = make_setup(strategy=strategy, precision=precision, optimizer=fields["optimizer"].value, **common)
+    kind = given_trainer or (framework.trainer if framework is not None else trainer_default(cmd is not None))
+    reference = framework.reference if framework is not None and framework.reference is not None else \
+        Sourced(Reference.DEFAULT, default_origin("the trainer", "its reference model as its config defaults it"))
+    setup = make_setup(strategy=strategy, precision=precision, optimizer=fields["optimizer"].value,
+                       trainer=kind.value, reference=reference.value, **common)
     zero3 = _zero3_init(refs, trainer)
     fields.update({"model": Sourced(spec.name, model_origin), "strategy": Sourced(strategy, strategy_origin),
-                   "method": method, "zero3_init": zero3,
+                   "method": method, "zero3_init": zero3, "trainer": kind, "reference": reference,
                    "lora_targets": Sourced(setup.lora_targets, fields["lora_targets"].origin)})
     if cmd is not None:
         fields["launcher"] = Sourced(cmd.launcher, flag_origin(cmd.text.split()[0]))
@@ -343,8 +367,12 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
                       trainer=trainer, command=cmd, unmodelled=K.ranked(unmodelled), files=tuple(files))
 
 
-SETUP_ORDER = ("model", "gpus", "nodes", "strategy", "method", "precision", "optimizer", "batch", "seq",
-               "checkpointing", "attention", "lora_rank", "lora_alpha", "lora_targets", "load_dtype", "zero3_init")
+SETUP_ORDER = ("model", "gpus", "nodes", "strategy", "trainer", "reference", "method", "precision", "optimizer",
+               "batch", "accumulation", "seq", "checkpointing", "attention", "lora_rank", "lora_alpha", "lora_targets",
+               "load_dtype", "zero3_init")
+# the launchers that start a process per visible GPU unless told how many, and whose default that is
+PER_VISIBLE_GPU = {Launcher.ACCELERATE: K.ACCELERATE, Launcher.DEEPSPEED: K.DEEPSPEED,
+                   Launcher.LLAMAFACTORY: LLAMAFACTORY, Launcher.AXOLOTL: AXOLOTL, Launcher.TRL: TRL}
 
 
 def _method(fields: dict[str, Sourced]) -> Sourced:
@@ -424,8 +452,9 @@ def _defaults(claims: Claims, trainer: bool, spec: ModelSpec) -> None:
                 ("precision", Precision.FP32, "TrainingArguments fp16=False, bf16=False"),
                 ("batch", 8, "TrainingArguments per_device_train_batch_size=8"),
                 ("checkpointing", False, "TrainingArguments gradient_checkpointing=False"),
-                ("optimizer", Optimizer.ADAMW_FUSED, "TrainingArguments optim='adamw_torch_fused' on torch >= 2.8")):
-            claims.say(name, value, default_origin(t, what), Strength.DEFAULT)
+                ("optimizer", Optimizer.ADAMW_FUSED, "TrainingArguments optim='adamw_torch_fused' on torch >= 2.8"),
+            ("accumulation", 1, "TrainingArguments gradient_accumulation_steps=1")):
+            _library_default(claims, name, value, default_origin(t, what))
     for name, value, why in (
             ("precision", Precision.FP16_MIXED, "the pipeline's precision default (the seed's case)"),
             ("batch", 1, "the pipeline's batch default"),
@@ -436,8 +465,14 @@ def _defaults(claims: Claims, trainer: bool, spec: ModelSpec) -> None:
              f"the pipeline's seq default {ASSUMED_SEQ}, at most {spec.name}'s max_position_embeddings"),
             ("lora_targets", DEFAULT_LORA_TARGETS, "oomlab's LoRA targets (the attention projections)")):
         claims.say(name, value, assumed(why), Strength.ASSUMED)
-    claims.say("attention", Attention.SDPA, default_origin(t, "attn_implementation='sdpa' where torch has it"),
-               Strength.DEFAULT)
-    claims.say("method", Method.FULL, default_origin(t, "no adapter: every parameter trains"), Strength.DEFAULT)
-    claims.say("lora_rank", 8, default_origin(K.PEFT, "LoraConfig r=8"), Strength.DEFAULT)
-    claims.say("lora_alpha", 8, default_origin(K.PEFT, "LoraConfig lora_alpha=8"), Strength.DEFAULT)
+    _library_default(claims, "attention", Attention.SDPA, default_origin(t, "attn_implementation='sdpa' where "
+                                                                          "torch has it"))
+    _library_default(claims, "method", Method.FULL, default_origin(t, "no adapter: every parameter trains"))
+    _library_default(claims, "lora_rank", 8, default_origin(K.PEFT, "LoraConfig r=8"))
+    _library_default(claims, "lora_alpha", 8, default_origin(K.PEFT, "LoraConfig lora_alpha=8"))
+
+
+def _library_default(claims: Claims, name: str, value: Any, origin: Origin) -> None:
+    """transformers' or peft's default, unless a framework (LLaMA-Factory, axolotl, TRL) said its own."""
+    if not any(strength <= Strength.DEFAULT for _, _, strength in claims.said.get(name, ())):
+        claims.say(name, value, origin, Strength.DEFAULT)

@@ -1,0 +1,24 @@
+"""The framework a launch command runs, read by its reader: :func:`read_framework` (None for a plain script, read
+as a transformers-style script by :func:`oomlab.launch.read.training_claims`)."""
+
+from __future__ import annotations
+
+from oomlab.launch.axolotl import read_axolotl
+from oomlab.launch.claims import Claims
+from oomlab.launch.command import LaunchCommand
+from oomlab.launch.framework import Framework, FrameworkRead, framework_of
+from oomlab.launch.llamafactory import read_llamafactory
+from oomlab.launch.trl_config import read_trl
+
+
+def read_framework(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gpu: str) -> FrameworkRead | None:
+    """Claims of the framework ``cmd`` runs (LLaMA-Factory, axolotl, TRL), with its defaults at the release its
+    reader cites; None when ``cmd`` runs none of them."""
+    framework = framework_of(cmd)
+    if framework is Framework.LLAMAFACTORY:
+        return read_llamafactory(claims, cmd, command_dir)
+    if framework is Framework.AXOLOTL:
+        return read_axolotl(claims, cmd, command_dir, gpu)
+    if framework is Framework.TRL:
+        return read_trl(claims, cmd, command_dir, gpu)
+    return None

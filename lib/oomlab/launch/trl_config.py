@@ -1,0 +1,174 @@
+"""TRL's launch read: ``trl sft|dpo|grpo|kto|reward|rloo [--config cfg.yaml] --flags`` and the scripts taking its
+configs (``python trl/scripts/dpo.py ...``, ``accelerate launch examples/scripts/dpo.py ...``): ``SFTConfig``,
+``DPOConfig``, ``GRPOConfig``, ... with ``ModelConfig`` -- TrainingArguments plus TRL's own keys and defaults.
+
+TRL is not installed beside oomlab (it would pin its own transformers), so its defaults are cited from its source
+at the release named in :data:`VERSION` (``pip download trl==1.16.0``, the release :mod:`oomlab.budget.trainers`
+reads):
+
+- every TRL config: ``gradient_checkpointing`` True (``trl/trainer/base_config.py:62-63``), ``bf16`` = ``not fp16``
+  (``:108``);
+- ``max_length`` 1024: ``SFTConfig`` (``trl/trainer/sft_config.py:202-203``; named ``max_seq_length`` before TRL
+  0.16, also 1024), ``DPOConfig`` (``dpo_config.py:195-196``), ``KTOConfig`` (``kto_config.py:166-167``),
+  ``RewardConfig`` (``reward_config.py:144-145``); GRPO and RLOO bound only the completion
+  (``max_completion_length`` 512, ``grpo_config.py:494-495``): their length is the prompt's plus that, and stays
+  oomlab's assumption unless stated;
+- ``ModelConfig``: ``dtype`` ``"float32"`` (``trl/trainer/model_config.py:89-90``: the scripts load the model in
+  it), ``lora_r`` 16 (``:107-108``), ``lora_alpha`` 32 (``:111-112``), ``lora_target_modules`` None: peft's per-model
+  default (``peft/utils/constants.py``: ``q_proj, v_proj`` for llama, mistral, qwen2, qwen3);
+- ``precompute_ref_log_probs`` False (``dpo_config.py:227-228``, ``kto_config.py:180-181``): True leaves no
+  reference model in memory while training; GRPO's ``beta`` 0.0 (``grpo_config.py:681-682``) loads none, a
+  positive beta keeps one;
+- ``--config`` YAML values replace the dataclass defaults and flags replace them (``trl/scripts/utils.py:303``);
+- ``--accelerate_config NAME`` is one of ``trl/accelerate_configs/NAME.yaml`` (``trl/cli/accelerate_config.py:19``):
+  zero1/zero2/zero3 (DeepSpeed, bf16), fsdp1/fsdp2, multi_gpu, single_gpu, each with ``num_processes: 8``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oomlab.core.choices import Method, Precision, Reference, Trainer
+from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.core.gpus import load_gpu
+from oomlab.core.user_input import shown
+from oomlab.launch import keys as K
+from oomlab.launch.claims import Claims, Strength
+from oomlab.launch.command import LaunchCommand
+from oomlab.launch.framework import (
+    Framework,
+    FrameworkRead,
+    config_file,
+    layered_lookup,
+    say_default,
+    trl_script,
+)
+from oomlab.launch.origin import Origin, Sourced, Unmodelled, default_origin, flag_origin
+from oomlab.launch.read import bool_value, training_claims
+
+VERSION = "TRL 1.16.0"
+_MERGE = "TrlParser.parse_args_and_config: flags replace the YAML, trl/scripts/utils.py:303"
+
+# the script (or trl subcommand) -> the trainer kind; RLOO generates and keeps a reference as GRPO does
+SCRIPTS = {"sft": Trainer.SFT, "dpo": Trainer.DPO, "orpo": Trainer.ORPO, "kto": Trainer.KTO, "grpo": Trainer.GRPO,
+           "rloo": Trainer.GRPO, "ppo": Trainer.PPO, "reward": Trainer.REWARD}
+# each config's max_length default (None: the length is the prompt's plus the completion's, not bounded as one)
+MAX_LENGTH = {"sft": (1024, "sft_config.py:202-203"), "dpo": (1024, "dpo_config.py:195-196"),
+              "kto": (1024, "kto_config.py:166-167"), "reward": (1024, "reward_config.py:144-145")}
+# trl/accelerate_configs/NAME.yaml at 1.16.0, as accelerate_refs reads a config file
+ACCELERATE_CONFIGS: dict[str, dict[str, Any]] = {
+    "zero1": {"distributed_type": "DEEPSPEED", "zero_stage": 1, "zero3_init_flag": False},
+    "zero2": {"distributed_type": "DEEPSPEED", "zero_stage": 2, "zero3_init_flag": False},
+    "zero3": {"distributed_type": "DEEPSPEED", "zero_stage": 3, "zero3_init_flag": True},
+    "fsdp1": {"distributed_type": "FSDP", "fsdp_version": 1, "fsdp_offload_params": False},
+    "fsdp2": {"distributed_type": "FSDP", "fsdp_version": 2, "fsdp_offload_params": False},
+    "multi_gpu": {"distributed_type": "MULTI_GPU"},
+    "single_gpu": {"distributed_type": "NO"},
+}
+_REFERENCE_KEYS = ("precompute_ref_log_probs", "beta")  # read into the setup's reference (beta: GRPO's)
+# read, and said why they are not budgeted apart
+_NOTED = {
+    "max_prompt_length": "the prompt's share of max_length: the budget takes max_length",
+    "max_completion_length": "the generated completion's length: not budgeted apart from the trainer kind",
+    "num_generations": "completions per prompt: not budgeted apart from the trainer kind",
+    "packing": "packed sequences fill max_length: the budget takes every sequence at max_length either way",
+    "padding_free": "no padding: the budget takes every sequence at max_length",
+    "loss_type": "the preference loss: the same forward",
+    "precompute_ref_log_probs": "the trainer's default reference model (set: none in memory for DPO, KTO)",
+    "beta": "the loss's weight: the same forward",
+    "use_vllm": "generation in vLLM (its own memory): not budgeted",
+    "accelerate_config": "read as TRL's packaged accelerate config (trl/accelerate_configs)",
+    "config": "the TRL config YAML, read",
+}
+
+
+def read_trl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gpu: str) -> FrameworkRead:
+    """Claims of a TRL script's flags and ``--config`` YAML, TRL's defaults where they say nothing."""
+    unmodelled: list[Unmodelled] = []
+    script = trl_script(cmd) or "sft"
+    named = cmd.flag("--config")
+    config = config_file(command_dir, named[1] if named and named[1] else cmd.config)
+    look = layered_lookup(cmd, config, unmodelled, _MERGE)
+    refs = training_claims(claims, look, is_json=config is not None)
+    origin = flag_origin(f"trl {script}") if cmd.launcher.value == "trl" else flag_origin(cmd.script)
+    kind = SCRIPTS.get(script, Trainer.SFT)
+    read = FrameworkRead(Framework.TRL, VERSION, Sourced(kind, origin), refs=refs, unmodelled=unmodelled,
+                         files=[] if config is None else [config.path])
+    say_default(claims, "checkpointing", True, VERSION, "gradient_checkpointing=True "
+                "(trl/trainer/base_config.py:62-63)")
+    fp16 = look("fp16")
+    if not (fp16[0] and bool_value(fp16[1], fp16[2])) and not look("bf16")[0]:
+        if not load_gpu(gpu).bf16:  # TrainingArguments refuses bf16 where the GPU lacks it
+            raise InvalidValueError(f"{VERSION} defaults to bf16 = not fp16 (trl/trainer/base_config.py:108), which "
+                                    f"the {gpu} lacks; the launch stops there: pass --fp16 (or --bf16 false)")
+        say_default(claims, "precision", Precision.BF16_MIXED, VERSION, "bf16 = not fp16 "
+                    "(trl/trainer/base_config.py:108)")
+    if script in MAX_LENGTH and not any(look(k)[0] for k in K.SEQ_KEYS):
+        value, where = MAX_LENGTH[script]
+        say_default(claims, "seq", value, VERSION, f"max_length={value} (trl/trainer/{where})")
+    if not any(look(k)[0] for k in K.DTYPE_KEYS):  # the scripts load the model in ModelConfig.dtype
+        claims.say("load_dtype", "float32", default_origin(VERSION, "ModelConfig dtype='float32' "
+                                                                    "(trl/trainer/model_config.py:89-90)"),
+                   Strength.WEAK)
+    peft = look("use_peft")
+    if peft[0] and bool_value(peft[1], peft[2]):
+        for key, name, value, where in (("lora_r", "lora_rank", 16, "107-108"),
+                                        ("lora_alpha", "lora_alpha", 32, "111-112")):
+            if not look(key)[0]:
+                say_default(claims, name, value, VERSION, f"ModelConfig {key}={value} "
+                            f"(trl/trainer/model_config.py:{where})")
+        if not look("lora_target_modules")[0]:
+            say_default(claims, "lora_targets", ("q_proj", "v_proj"), VERSION, "lora_target_modules=None: peft's "
+                        "default for llama, mistral, qwen2, qwen3 (peft/utils/constants.py)")
+    elif look("lora_r")[0] or look("lora_target_modules")[0]:
+        say_default(claims, "method", Method.FULL, VERSION, "use_peft=False (trl/trainer/model_config.py:103-104): "
+                    "the lora_* flags are ignored")
+    read.reference = _reference(look, kind)
+    read.launcher_refs = _accelerate_config(claims, look)
+    read.unmodelled += _unread(cmd, config, look, () if read.reference is None else _REFERENCE_KEYS)
+    return read
+
+
+def _reference(look: Any, kind: Trainer) -> Sourced | None:
+    """The reference model as the config sets it (None: the trainer's default)."""
+    hit = look("precompute_ref_log_probs")
+    if kind in (Trainer.DPO, Trainer.KTO) and hit[0] and bool_value(hit[1], hit[2]):
+        return Sourced(Reference.NONE, hit[2])
+    hit = look("beta")
+    if kind is Trainer.GRPO and hit[0] and hit[1] is not None:
+        try:
+            beta = float(hit[1])
+        except ValueError as err:
+            raise InvalidValueError(f"{hit[2]}: expected a number, got {shown(hit[1])}") from err
+        return Sourced(Reference.RESIDENT if beta > 0 else Reference.NONE, hit[2])
+    return None
+
+
+def _accelerate_config(claims: Claims, look: Any) -> dict[str, Any]:
+    """TRL's packaged accelerate config, as :func:`oomlab.launch.read.accelerate_refs` reads a config file."""
+    hit = look("accelerate_config")
+    if not hit[0] or hit[1] is None:
+        return {}
+    name = str(hit[1])
+    if name not in ACCELERATE_CONFIGS:
+        raise UnknownNameError(f"accelerate_config ({hit[2]})", name, list(ACCELERATE_CONFIGS),
+                               "TRL's packaged configs (a file path: pass it with --accelerate-config F)")
+    origin = Origin(hit[2].kind, f"{hit[2].where} (trl/accelerate_configs/{name}.yaml)")
+    refs: dict[str, Any] = {key: (value, origin) for key, value in ACCELERATE_CONFIGS[name].items()}
+    refs["num_processes"] = (1 if name == "single_gpu" else 8, origin)
+    if name != "single_gpu":
+        claims.say("precision", Precision.BF16_MIXED, Origin(origin.kind, f"{origin.where} mixed_precision bf16"))
+    return refs
+
+
+def _unread(cmd: LaunchCommand, config: Any, look: Any, read_keys: tuple[str, ...]) -> list[Unmodelled]:
+    out = []
+    names = [key for key, _ in config.leaves()] if config is not None else []
+    names += [flag.lstrip("-").replace("-", "_") for flag, _ in cmd.flags]
+    for name in dict.fromkeys(names):
+        if name in K.TRAINING_KEYS or name in ("accelerate_config", "config", "num_processes", *read_keys):
+            continue
+        hit = look(name)
+        if hit[0]:
+            out.append(Unmodelled(hit[2], hit[1], _NOTED.get(name, f"{VERSION} key not modelled by oomlab")))
+    return out
