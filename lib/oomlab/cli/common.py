@@ -27,6 +27,8 @@ from oomlab.core.models import ALL_LINEAR, PROJECTIONS, known_models
 from oomlab.core.prices import HOST_RAM_AUTO
 from oomlab.core.units import parse_memory_size
 from oomlab.core.user_input import MAX_INT_DIGITS, shown
+from oomlab.core.versions import KNOWN as KNOWN_PACKAGES
+from oomlab.core.versions import Versions, versions_from
 from oomlab.pipeline.params import PARAMETERS
 
 EXIT_BAD_INPUT = 2
@@ -67,6 +69,14 @@ def path_argument(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"empty path {text!r}; give a file or folder")
     return Path(text)
+
+
+def versions_argument(text: str) -> Versions:
+    """``--versions``: ``name==release`` pins, or the path of a ``pip freeze`` file (:mod:`oomlab.core.versions`)."""
+    try:
+        return versions_from(text if "==" in text else path_argument(text))
+    except OomlabError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def batch_argument(text: str) -> int:
@@ -147,6 +157,10 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-targets", default=",".join(DEFAULTS.lora_targets),
                         help=f"comma-separated names of the model's nn.Linear modules (LLaMA's: "
                         f"{','.join(PROJECTIONS)}; other families their own), or {ALL_LINEAR}")
+    parser.add_argument("--versions", type=versions_argument, default=None,
+                        help="the releases the run uses, as name==release pins (torch==2.0.1,transformers==4.31.0) "
+                        f"or a pip freeze file; packages read: {', '.join(KNOWN_PACKAGES)}; default: the installed "
+                        "releases (the budget's notes say which)")
     add_trainer_arguments(parser)
 
 
@@ -171,7 +185,7 @@ def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "optimizer": args.optimizer, "batch": args.batch, "seq": args.seq,
             "checkpointing": args.checkpointing, "attention": args.attention, "lora_rank": args.lora_rank,
             "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets, "trainer": args.trainer,
-            "reference": args.reference}
+            "reference": args.reference, "versions": args.versions}
 
 
 def host_ram_argument(text: str) -> int | str:
