@@ -199,3 +199,14 @@ def test_snapshot_and_message_together_refused(tmp_path: Path, capsys: pytest.Ca
     path = write(tmp_path, pickle.dumps(hand_made()))
     assert run_cli(["explain", "some message", "--snapshot", str(path)]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_older_single_free_action() -> None:
+    """A trace whose frees are a single ``free`` entry (older snapshots) replays the same: the hole is free at the OOM,
+    the loss tensor freed after it is live again."""
+    snap = hand_made()
+    trace = snap["device_traces"][0]
+    trace[6:8] = [event("free", SEG + 70 * MiB, 4 * MiB, ACT)]
+    trace[8:10] = [event("free", SEG + 74 * MiB, 6 * MiB, LOSS)]
+    e = explain_snapshot(parse_snapshot(snap))
+    assert (e.moment, e.event_index, e.live_bytes, e.largest_free_block_bytes) == ("oom", 7, 76 * MiB, 20 * MiB)

@@ -25,6 +25,7 @@ from typing import Any
 from oomlab.core.choices import Choice
 from oomlab.core.units import format_size
 from oomlab.explanation.snapshot_format import (
+    FREED,
     MemorySnapshot,
     SnapshotError,
     SnapshotFrame,
@@ -176,7 +177,7 @@ class _State:
     def undo(self, e: TraceEvent) -> None:
         if e.action == "alloc":
             self.live.pop(e.addr, None)
-        elif e.action == "free_completed":
+        elif e.action in FREED:
             self.live[e.addr] = (e.size, round_size(e.size), e.frames)
         elif e.action in ("segment_alloc", "segment_map"):
             self.segments.pop(e.addr, None)
@@ -186,7 +187,7 @@ class _State:
     def apply(self, e: TraceEvent) -> None:
         if e.action == "alloc":
             self.live[e.addr] = (e.size, round_size(e.size), e.frames)
-        elif e.action == "free_completed":
+        elif e.action in FREED:
             self.live.pop(e.addr, None)
         elif e.action in ("segment_alloc", "segment_map"):
             self.segments[e.addr] = e.size

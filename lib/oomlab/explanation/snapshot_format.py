@@ -23,15 +23,17 @@ from typing import Any
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.user_input import read_user_bytes, shown
 
-__all__ = ["MAX_SNAPSHOT_BYTES", "TRACE_ACTIONS", "MemorySnapshot", "SnapshotBlock", "SnapshotError", "SnapshotFrame",
-           "SnapshotSegment", "TraceEvent", "load_snapshot", "parse_snapshot", "read_snapshot"]
+__all__ = ["FREED", "MAX_SNAPSHOT_BYTES", "TRACE_ACTIONS", "MemorySnapshot", "SnapshotBlock", "SnapshotError",
+           "SnapshotFrame", "SnapshotSegment", "TraceEvent", "load_snapshot", "parse_snapshot", "read_snapshot"]
 
 # NB: _dump_snapshot's own docstring warns that files "can easily be in the GB range" with large max_entries; the
 # default history (max_entries=sys.maxsize over one step) of a 7B fine-tune is tens of MiB.  512 MiB bounds the read.
 MAX_SNAPSHOT_BYTES = 512 * 2**20
-# the trace entry actions of torch's TraceEntry (memory.py 1085-1103), and those expandable segments add
-TRACE_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+# the trace entry actions of torch's TraceEntry (memory.py 1085-1103), those expandable segments add, and the single
+# "free" of older snapshots (MemoryViz.js still replays it)
+TRACE_ACTIONS = ("alloc", "free", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
                  "segment_unmap", "oom", "snapshot", "user_defined")
+FREED = ("free", "free_completed")  # the actions after which a block is free for reuse
 BLOCK_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free", "inactive")
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from oomlab.explanation.snapshot import SIMULATED_PREFIX, SnapshotCategory, categorize
-from oomlab.explanation.snapshot_format import MemorySnapshot, SnapshotFrame
+from oomlab.explanation.snapshot_format import FREED, MemorySnapshot, SnapshotFrame
 
 __all__ = ["PHASE_FRAME", "MemoryTimeline", "memory_timeline"]
 
@@ -53,7 +53,7 @@ def memory_timeline(snapshot: MemorySnapshot, device: int = 0) -> MemoryTimeline
     for e in reversed(trace):  # undo every entry: the state before the first
         if e.action == "alloc":
             live.pop(e.addr, None)
-        elif e.action == "free_completed":
+        elif e.action in FREED:
             live[e.addr] = (e.size, e.frames)
         elif e.action in ("segment_alloc", "segment_map"):
             segments.pop(e.addr, None)
@@ -73,7 +73,7 @@ def memory_timeline(snapshot: MemorySnapshot, device: int = 0) -> MemoryTimeline
             segments.pop(e.addr, None)
         elif e.action == "oom" and oom_point is None:
             oom_point, oom_size = len(points) - 1, e.size
-        if e.action not in ("alloc", "free_completed"):
+        if e.action != "alloc" and e.action not in FREED:
             continue
         if e.action == "alloc":
             live[e.addr] = (e.size, e.frames)
