@@ -3,6 +3,7 @@ peak is the budget's, it reads back to the budget category by category, and torc
 
 from __future__ import annotations
 
+import json
 import pickle
 import pickletools
 from pathlib import Path
@@ -152,3 +153,17 @@ def test_cli_budget_snapshot(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     mine.write_text("mine")
     assert run_cli([*args, "--snapshot", str(mine)]) == 2
     assert mine.read_text() == "mine"
+
+
+def test_cli_explain_beside_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """explain --snapshot --model --json: the written step beside the budget of the same setup, no category apart;
+    the same file beside a full fine-tune names what differs (the LoRA snapshot holds far less optimizer state)."""
+    path = write_snapshot(estimate(**FITS), tmp_path / "s.pickle")
+    same = ["--model", "llama-2-7b", "--gpu", "a100-80gb", "--gpus", "1", "--method", "lora"]
+    assert run_cli(["explain", "--snapshot", str(path), *same, "--json"]) == 0
+    budget = json.loads(capsys.readouterr().out)["budget"]
+    assert budget["phase"] == "backward"
+    assert [r["difference_bytes"] for r in budget["rows"]] == [0] * len(budget["rows"])
+    assert run_cli(["explain", "--snapshot", str(path), *same[:-1], "full"]) == 0
+    text = capsys.readouterr().out
+    assert "optimizer state: less than budgeted -- the first step" in text
