@@ -35,8 +35,8 @@ from oomlab.explanation.snapshot import SIMULATED_PREFIX, SnapshotCategory, simu
 from oomlab.explanation.snapshot_format import SnapshotError, load_snapshot, read_snapshot
 from oomlab.reproduction.allocator import CachingAllocator, Pool, SimulatedOutOfMemory, round_size
 
-__all__ = ["BASE_ADDRESS", "PICKLE_PROTOCOL", "SNAPSHOT_CATEGORY", "AllocatorReplay", "render_replay",
-           "simulate_allocator", "snapshot_bytes", "snapshot_dict", "write_snapshot"]
+__all__ = ["BASE_ADDRESS", "PICKLE_PROTOCOL", "SNAPSHOT_CATEGORY", "STEP_SNAPSHOT_NAME", "AllocatorReplay",
+           "render_replay", "simulate_allocator", "snapshot_bytes", "snapshot_dict", "write_snapshot"]
 
 # One table: the budget's category -> the category a snapshot's frames can tell (explanation.snapshot)
 SNAPSHOT_CATEGORY: Mapping[MemCategory, SnapshotCategory] = {
@@ -48,6 +48,7 @@ SNAPSHOT_CATEGORY: Mapping[MemCategory, SnapshotCategory] = {
 BASE_ADDRESS = 0x7F0000000000  # where the first segment starts (a typical CUDA VA); each next one after it
 SEGMENT_ALIGN = 2 * MiB  # segments start 2 MiB apart at least (cudaMalloc's granularity for large ranges)
 PICKLE_PROTOCOL = 4  # MemoryViz.js's unpickle accepts protocols 2 to 4
+STEP_SNAPSHOT_NAME = "step-snapshot.pickle"  # the pipeline's snapshot of the configured step, in the run's results/
 
 
 @dataclass(frozen=True)
