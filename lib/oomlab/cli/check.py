@@ -14,6 +14,7 @@ from oomlab.cli.common import (
     path_argument,
     positive_int,
 )
+from oomlab.core.choices import Trainer
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     chk.add_argument("--gpus", type=positive_int, default=None, help="GPUs per node (none: as the launch says)")
     chk.add_argument("--host-ram", type=host_ram_argument, default=PARAMS["host_ram"].default,
                      help="host RAM per node, with its unit (an assumption unless given)")
+    chk.add_argument("--seq", type=positive_int, default=None, metavar="N",
+                     help="the sequence length in tokens, whatever the launch says (origin: given on the command line)")
+    chk.add_argument("--batch", type=positive_int, default=None, metavar="N",
+                     help="the micro-batch per GPU, whatever the launch says (origin: given on the command line)")
+    chk.add_argument("--trainer", choices=[t.value for t in Trainer], default=None,
+                     help="the training loop (sft, dpo, grpo, ...), whatever the launch says; none: as the launch "
+                     "says (stage:, rl:, trl dpo), else sft")
     chk.add_argument("--message", type=path_argument, default=None, metavar="FILE",
                      help="the user's OOM message (and traceback): set against the budget of the launch as read")
     chk.add_argument("--json", action="store_true", help="print the answer as JSON")
@@ -48,7 +56,8 @@ def command(args: argparse.Namespace) -> int:
     result = check(launch=args.launch, launch_dir=args.launch_dir, accelerate_config=args.accelerate_config,
                    deepspeed=args.deepspeed, training_args=args.training_args, adapter_config=args.adapter_config,
                    quantization_config=args.quantization_config, model=args.model, gpu=args.gpu, gpus=args.gpus,
-                   host_ram=args.host_ram, message=args.message)
+                   host_ram=args.host_ram, message=args.message, seq=args.seq, batch=args.batch,
+                   trainer=args.trainer)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     elif args.markdown:

@@ -22,6 +22,7 @@ from oomlab.core.prices import HostRam, resolve_host_ram
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import ceil_div, format_size
 from oomlab.core.user_input import read_user_text
+from oomlab.launch.fix_flags import flag_style, with_flag
 from oomlab.launch.inputs import check_inputs
 from oomlab.launch.message import MessageReading, read_message
 from oomlab.launch.origin import OriginKind
@@ -204,29 +205,15 @@ def _how(launch: UserLaunch, step: Step) -> str:
             return text + where + cost
         return (f"strategy {strategy.value}: --fsdp \"{_FSDP_FLAGS[strategy]}\" (or accelerate's FSDP config: "
                 f"oomlab plan --write-configs writes it)" + where + cost)
-    flags = {"checkpointing": "--gradient_checkpointing", "seq": f"--max_seq_length {fix.seq}",
-             "optimizer": _OPTIM_FLAGS[fix.optimizer],
-             "batch": f"--per_device_train_batch_size {fix.batch} --gradient_accumulation_steps {step.accumulation}",
+    style = flag_style(launch.command)
+    flags = {"checkpointing": style.spell("checkpointing", None), "seq": style.spell("seq", str(fix.seq)),
+             "optimizer": style.spell("optim", _OPTIM_FLAGS[fix.optimizer].split()[-1]),
+             "batch": f"{style.spell('batch', str(fix.batch))} {style.spell('accumulation', str(step.accumulation))}",
              "gpus": f"{fix.gpus} processes per node (torchrun --nproc_per_node, accelerate --num_processes, "
                      "deepspeed --num_gpus)",
              "method": "a peft LoraConfig (adapter_config.json)" + (" over a bitsandbytes 4-bit base" if fix.method
                                                                     is Method.QLORA else "")}
     return f"{knob} {shown}: {flags.get(knob, shown)}{where}{cost}"
-
-
-def _with_flag(text: str, flag: str, value: str | None) -> str:
-    """``text`` with ``flag`` set to ``value`` (None: a switch): its value replaced where it is given, else added."""
-    words = text.split(" ")
-    for i, word in enumerate(words):
-        if word == flag or word.startswith(flag + "="):
-            if value is None:
-                return text
-            if word == flag and i + 1 < len(words) and not words[i + 1].startswith("-"):
-                words[i + 1] = value
-            else:
-                words[i] = f"{flag}={value}"
-            return " ".join(words)
-    return f"{text} {flag}" + ("" if value is None else f" {value}")
 
 
 def _fix_launch(launch: UserLaunch, decision: Decision) -> str:
@@ -236,32 +223,30 @@ def _fix_launch(launch: UserLaunch, decision: Decision) -> str:
     if launch.command is None:
         return launcher(Route.PROCESS_PER_GPU, fix.strategy)
     text = launch.command.text
+    style = flag_style(launch.command)
     for step in decision.steps:
         knob, _ = _change(step)
         s = step.setup
         if knob == "checkpointing":
-            text = _with_flag(text, "--gradient_checkpointing", None)
+            text = style.set(text, "checkpointing", None)
         elif knob == "seq":
-            flag = next((f for f, _ in launch.command.flags if f.lstrip("-") in ("max_seq_length", "max_length",
-                                                                                   "model_max_length", "block_size",
-                                                                                   "cutoff_len")), "--max_seq_length")
-            text = _with_flag(text, flag, str(s.seq))
+            text = style.set(text, "seq", str(s.seq))
         elif knob == "batch":  # the user's accumulation (1 when not given) times the ladder's
-            given = launch.command.flag("--gradient_accumulation_steps")
-            before = int(given[1]) if given and given[1] and given[1].isdigit() else 1
-            text = _with_flag(text, "--per_device_train_batch_size", str(s.batch))
-            text = _with_flag(text, "--gradient_accumulation_steps", str(before * decision.accumulation))
+            given = launch.fields.get("accumulation")
+            before = given.value if given is not None else 1
+            text = style.set(text, "batch", str(s.batch))
+            text = style.set(text, "accumulation", str(before * decision.accumulation))
         elif knob == "optimizer":
-            text = _with_flag(text, "--optim", _OPTIM_FLAGS[s.optimizer].split()[-1])
+            text = style.set(text, "optim", _OPTIM_FLAGS[s.optimizer].split()[-1])
         elif knob == "gpus":
             for option in ("--nproc_per_node", "--nproc-per-node", "--num_processes", "--num_gpus"):
                 if launch.command.option(option):
-                    text = _with_flag(text, option, str(s.gpus))
+                    text = with_flag(text, option, str(s.gpus))
         elif knob == "strategy" and s.strategy.deepspeed:
-            text = _with_flag(text, "--deepspeed", f"ds_zero{s.strategy.zero_stage}"
-                              + ("_offload" if s.strategy.offloads else "") + ".json")
+            text = with_flag(text, "--deepspeed", f"ds_zero{s.strategy.zero_stage}"
+                             + ("_offload" if s.strategy.offloads else "") + ".json")
         elif knob == "strategy" and s.strategy in _FSDP_FLAGS:
-            text = _with_flag(text, "--fsdp", f'"{_FSDP_FLAGS[s.strategy]}"')
+            text = with_flag(text, "--fsdp", f'"{_FSDP_FLAGS[s.strategy]}"')
     return text
 
 
@@ -336,11 +321,14 @@ def other_launches(launch: UserLaunch) -> list[tuple[str, str, str, str]]:
 def check(*, gpu: str, launch: str | None = None, launch_dir: str | None = None, accelerate_config: str | None = None,
           deepspeed: str | None = None, training_args: str | None = None, adapter_config: str | None = None,
           quantization_config: str | None = None, model: str | None = None, gpus: int | None = None,
-          host_ram: str | int | None = None, message: str | None = None) -> CheckResult:
+          host_ram: str | int | None = None, message: str | None = None, seq: int | None = None,
+          batch: int | None = None, trainer: str | None = None) -> CheckResult:
     """``python -m oomlab check`` as a function: the user's launch (a command line, a folder of launch files, or the
-    files one by one) read on ``gpu`` and checked (:func:`check_launch`); a bad name or file raises naming it."""
+    files one by one) read on ``gpu`` and checked (:func:`check_launch`); ``seq``, ``batch`` and ``trainer`` decide
+    whatever the launch says (their origin: given on the command line); a bad name or file raises naming it."""
     inputs = check_inputs(launch=launch, launch_dir=launch_dir, accelerate_config=accelerate_config,
                           deepspeed=deepspeed, training_args=training_args, adapter_config=adapter_config,
-                          quantization_config=quantization_config, model=model, gpu=gpu, gpus=gpus)
+                          quantization_config=quantization_config, model=model, gpu=gpu, gpus=gpus, seq=seq,
+                          batch=batch, trainer=trainer)
     text = None if message is None else read_user_text(message, "OOM message")  # a file: bounded, refused clearly
     return check_launch(inputs, host_ram=host_ram, message=text)
