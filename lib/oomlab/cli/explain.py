@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("--snapshot", type=path_argument, default=None,
                      help="a torch.cuda.memory._dump_snapshot pickle: what was live at its last OOM (read with a "
                           "restricted unpickler); with --model, beside the budget of the same setup")
-    exp.add_argument("--device", type=int, default=None,
+    exp.add_argument("--snapshot-device", type=int, default=None, metavar="N",
                      help="the snapshot's device (none: the first with an OOM)")
     exp.add_argument("--json", action="store_true", help="print the explanation as JSON")
 
@@ -60,7 +60,7 @@ def _snapshot_command(args: argparse.Namespace, run: dict[str, object]) -> int:
 
     if args.text is not None or args.file is not None:
         raise InvalidValueError("give a message (TEXT or --file) or --snapshot, not both")
-    result = explain_snapshot(args.snapshot, device=args.device)
+    result = explain_snapshot(args.snapshot, device=args.snapshot_device)
     comparison = None
     if args.model is not None:
         from oomlab.budget.api import estimate
