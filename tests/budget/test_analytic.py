@@ -87,8 +87,10 @@ def test_fsdp_against_deepspeed_zero3() -> None:
 
 
 def test_qlora_weights_at_4127_bits() -> None:
-    """QLoRA: NF4 with double quantization, 4.127 bits per quantized weight; the rest in half."""
-    s = make_setup(model="llama-7b", gpu="t4", method="qlora", lora_targets="q_proj,v_proj")
+    """QLoRA: NF4 with double quantization, 4.127 bits per quantized weight; the rest in half where peft does not
+    upcast it (before peft 0.4.0's prepare_model_for_kbit_training; the upcast: tests/budget/test_qlora_upcast.py)."""
+    s = make_setup(model="llama-7b", gpu="t4", method="qlora", lora_targets="q_proj,v_proj",
+                   versions={"peft": "0.3.0"})
     quantized = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
     assert weight_bytes_total(s) == round(quantized * 4.127 / 8) + 2 * (6_738_415_616 - quantized) + 4 * 4_194_304
 
@@ -193,7 +195,7 @@ def test_qlora_dequantized_weight_inside_a_layer_backward() -> None:
     from oomlab.budget.step import tiny_setup
 
     big = make_setup(model="llama-13b", gpu="a100-80gb", method="qlora", precision="bf16-mixed", seq=2048,
-                     checkpointing=True)
+                     checkpointing=True, versions={"peft": "0.3.0"})  # no fp32 head copy held at backward's start
     spec = big.model
     tmp = workspace.recompute_gradient_bytes(big)
     assert workspace.dequant_bytes(big) == 2 * spec.hidden_size * spec.intermediate_size + 4 * (

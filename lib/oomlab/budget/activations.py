@@ -26,12 +26,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from oomlab.budget import states
 from oomlab.budget.layer_trace import LayerTrace, Probe, trace_layers
 from oomlab.budget.step import StepDTypes
 from oomlab.core.choices import FSDP1_STRATEGIES, Attention, Choice, Method, Precision, Strategy
 from oomlab.core.memo import BoundedMemo
 from oomlab.core.models import Family, ModelSpec
 from oomlab.core.setup import TrainingSetup
+from oomlab.core.versions import Fact, applies
 
 FP32 = 4  # bytes
 HALF = 2
@@ -83,12 +85,47 @@ class SavedTensor:
     bytes_fixed: int = 0  # per layer, independent of tokens (autocast weight copies)
 
 
+def kbit_upcast(setup: TrainingSetup) -> bool:
+    """QLoRA with peft's ``prepare_model_for_kbit_training`` upcast under autocast (:func:`.states.kbit_upcast`).
+
+    Traced on CPU (bitsandbytes 0.50.2 NF4, peft 0.21.2, autocast bf16, tests/budget/test_qlora_upcast.py): the fp32
+    embedding's output makes the residual stream fp32 (what checkpointing keeps per layer, and RoPE's cos/sin, cast to
+    the stream's dtype); bitsandbytes' ``Linear4bit.forward`` returns ``.to(inp_dtype)`` (bitsandbytes/nn/
+    modules.py:626-637), so the fp32 norm output makes every projection's output fp32 and the SwiGLU's saved gate,
+    SiLU and up tensors fp32; the frozen fp32 LM head's half autocast copy is saved for its input's gradient.
+    """
+    return regime(setup) is Regime.AUTOCAST and states.kbit_upcast(setup)
+
+
+def saves_4bit_input(setup: TrainingSetup) -> bool:
+    """QLoRA under bitsandbytes before 0.43.2: ``MatMul4Bit`` keeps every 4-bit projection's input (in the compute
+    dtype) whenever it needs a gradient (:attr:`~oomlab.core.versions.Fact.BNB_DROPS_SAVED_INPUT`)."""
+    return setup.method is Method.QLORA and not applies(Fact.BNB_DROPS_SAVED_INPUT, setup.versions)
+
+
+def input_leaf_bytes(setup: TrainingSetup) -> int:
+    """QLoRA prepared by peft with checkpointing: the embedding's output and its gradient, held all step.
+
+    ``prepare_model_for_kbit_training(use_gradient_checkpointing=True)`` without ``use_reentrant`` in its kwargs (as
+    oomlab's train.py calls it) runs ``enable_input_require_grads`` (peft/utils/other.py:229-233): a forward hook
+    calls ``output.requires_grad_(True)`` on the embedding's output, which has no ``grad_fn`` -- a leaf, whose
+    gradient autograd accumulates into ``.grad``.  The step's graph (its ``AccumulateGrad`` node) holds the leaf and
+    its gradient for as long as the loop keeps the loss (train.py until the next step's loss replaces it), so both
+    live through the next step: measured on CPU (tests/budget/test_qlora_upcast.py), ``2 x tokens x h`` in the
+    stream's dtype.  NB: a loop that drops the loss after backward (the HF Trainer returns ``loss.detach()``) holds
+    only the gradient, and only from the end of backward.
+    """
+    if not (setup.checkpointing and kbit_upcast(setup)):
+        return 0
+    return 2 * tokens(setup) * setup.model.hidden_size * stream_bytes(setup)
+
+
 def stream_bytes(setup: TrainingSetup) -> int:
     """Bytes per element of the residual stream between layers."""
     r = regime(setup)
     if r is Regime.FP32:
         return FP32
-    if r is Regime.AUTOCAST and setup.method is Method.FULL:
+    if r is Regime.AUTOCAST and (setup.method is Method.FULL or kbit_upcast(setup)):
         return FP32  # fp32 embedding output, fp32 + half residual adds promote to fp32
     return HALF
 
@@ -100,7 +137,7 @@ def _lora_members(setup: TrainingSetup) -> set[str]:
 def _key(setup: TrainingSetup) -> tuple:
     """What the inventories depend on (hashing the whole setup costs more than building them)."""
     return (setup.model, setup.precision._value_, setup.method._value_, setup.attention._value_, setup.seq,
-            setup.lora_rank, setup.lora_targets)
+            setup.lora_rank, setup.lora_targets, kbit_upcast(setup), saves_4bit_input(setup))
 
 
 _INVENTORIES: BoundedMemo[tuple, tuple[SavedTensor, ...]] = BoundedMemo()
@@ -128,6 +165,9 @@ def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ..
     lora = _lora_members(setup)
     c = FP32 if r is Regime.FP32 else HALF  # compute dtype of activations
     stream = stream_bytes(setup)
+    upcast = kbit_upcast(setup)
+    mlp = FP32 if upcast else c  # Linear4bit hands back its input's dtype: fp32 gate and up under the upcast
+    old_bnb = saves_4bit_input(setup)
     rank = setup.lora_rank
     dims = spec.projection_shapes
     out: list[SavedTensor] = []
@@ -152,6 +192,11 @@ def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ..
                 out.append(SavedTensor(f"{label}: half input casts x{len(members)}", len(members) * HALF * n_in))
             elif not kept:
                 out.append(SavedTensor(f"{label}: input", input_bytes * n_in))
+        if old_bnb and grad:  # MatMul4Bit's ctx.tensors = (A, B): A in the compute dtype, once per call
+            if input_bytes != HALF:  # Linear4bit casts an fp32 input to the compute dtype: a copy per projection
+                out.append(SavedTensor(f"{label}: 4-bit input casts x{len(members)}", len(members) * HALF * n_in))
+            else:
+                out.append(SavedTensor(f"{label}: 4-bit input (bitsandbytes < 0.43.2)", HALF * n_in))
         targeted = [m for m in members if m in lora]
         for m in targeted:
             n_out = dims[m][1]
@@ -170,7 +215,7 @@ def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ..
             out.append(SavedTensor(f"{m}: lora_A output", a_out * rank, fixed))
         return full or bool(targeted)
 
-    norm_out = FP32 if (r is Regime.FP32 or (r is Regime.AUTOCAST and full)) else HALF
+    norm_out = FP32 if (r is Regime.FP32 or (r is Regime.AUTOCAST and (full or upcast))) else HALF
     norm("input_layernorm")
     grad = linear_inputs("q/k/v", ("q_proj", "k_proj", "v_proj"), h, norm_out, kept=False) or grad
     output_kept = False  # is the attention output (o_proj's input) saved by the attention itself?
@@ -195,8 +240,8 @@ def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ..
     kept = (2 if gate_grad else 0) + (1 if up_grad else 0)
     if kept:
         out.append(SavedTensor("mlp: gate, SiLU and up outputs" if kept == 3 else "mlp: part of gate/SiLU/up",
-                               kept * c * i))
-    linear_inputs("down_proj", ("down_proj",), i, c, kept=False)  # the SwiGLU product, not kept above
+                               kept * mlp * i))
+    linear_inputs("down_proj", ("down_proj",), i, mlp, kept=False)  # the SwiGLU product, not kept above
     if r is Regime.AUTOCAST and full:
         out.append(SavedTensor("autocast half copies of the layer's weights", 0, HALF * spec.layer_matmul_params))
     return tuple(out)
@@ -225,6 +270,8 @@ def _model_inventory(setup: TrainingSetup) -> tuple[SavedTensor, ...]:
         out.append(SavedTensor("lm_head: input", (FP32 if r is Regime.FP32 else HALF) * h))
         if r is Regime.AUTOCAST:
             out.append(SavedTensor("autocast half copy of lm_head", 0, HALF * v * h))
+    elif kbit_upcast(setup):  # the frozen fp32 head: autocast's half copy of its weight, kept for the input gradient
+        out.append(SavedTensor("autocast half copy of the fp32 lm_head (peft's upcast)", 0, HALF * v * h))
     out.append(SavedTensor("loss: fp32 log-softmax of the logits", FP32 * v))
     out.append(SavedTensor("loss: labels", INDEX))
     return tuple(out)
@@ -322,7 +369,8 @@ def layer_fixed_bytes(setup: TrainingSetup) -> int:
 
 def checkpoint_layer_bytes(setup: TrainingSetup) -> int:
     """With (non-reentrant) checkpointing a layer keeps only its input hidden states."""
-    stream = stream_bytes(setup) if hand_derived(setup) else layer_trace(setup).stream_bytes
+    own = hand_derived(setup) or kbit_upcast(setup)  # NB: a traced family under peft's upcast: its fp32 stream
+    stream = stream_bytes(setup) if own else layer_trace(setup).stream_bytes
     return tokens(setup) * stream * setup.model.hidden_size
 
 
@@ -336,7 +384,9 @@ def model_activation_bytes(setup: TrainingSetup) -> int:
 def model_fixed_bytes(setup: TrainingSetup) -> int:
     if hand_derived(setup):
         return _sums(model_inventory(setup))[1]
-    return layer_trace(setup).outside.fixed
+    # NB: a traced family under peft's upcast: the fp32 head's half copy added; its fp32 MLP outputs are not traced
+    head = HALF * setup.model.vocab_size * setup.model.hidden_size if kbit_upcast(setup) else 0
+    return layer_trace(setup).outside.fixed + head
 
 
 def first_layer_activation_bytes(setup: TrainingSetup) -> int:

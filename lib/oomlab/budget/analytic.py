@@ -13,6 +13,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
+from oomlab.budget import states
 from oomlab.budget.deepspeed import deepspeed_notes
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.inventory import assemble_phases, take_inventory
@@ -22,6 +23,7 @@ from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Precision
 from oomlab.core.memo import BoundedMemo
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import MiB
+from oomlab.core.versions import FACTS, Fact, applies
 from oomlab.reproduction.outside import case_outside
 
 ALLOCATOR_FRAGMENTATION = 0.05  # NB: reserved-but-unallocated share of transient memory (assumption)
@@ -111,6 +113,31 @@ def launch_note(setup: TrainingSetup) -> str:
     return precision + "; " + _OPTIMIZER_NOTES[setup.optimizer]
 
 
+def versions_notes(setup: TrainingSetup) -> tuple[str, ...]:
+    """The releases the budget assumes (given or installed) and what they change here (:mod:`oomlab.core.versions`)."""
+    v = setup.versions
+    notes = [f"versions: {v.describe()}"]
+    older = [f for f in FACTS if not applies(f, v) and f is not Fact.PEFT_KBIT_UPCAST
+             and (f is not Fact.BNB_DROPS_SAVED_INPUT or setup.method is Method.QLORA)
+             and (f is not Fact.MOE_EXPERTS_3D or (setup.method is Method.QLORA and states.has_experts(setup)))]
+    notes += [f"before {f.release_text}: {f.text.split('; before, ')[-1]}" for f in older]
+    if states.kbit_upcast(setup):
+        notes.append("qlora as peft prepares it (prepare_model_for_kbit_training, as oomlab's train.py and TRL call "
+                     "it): the embedding, norms and LM head upcast to fp32, so the residual stream, the SwiGLU's "
+                     "saved tensors and each layer's checkpointed input are fp32 and the head's half autocast copy is "
+                     "kept for backward")
+    elif setup.method is Method.QLORA and setup.versions.framework == "transformers":
+        notes.append("qlora without peft's fp32 upcast of the embedding, norms and head (" + (
+            "peft before 0.4.0" if not applies(Fact.PEFT_KBIT_UPCAST, v) else
+            "sharded or pure-half launches: TRL skips it, DeepSpeed casts back to half") + ")")
+    if setup.method is Method.QLORA and states.has_experts(setup) and not states.experts_quantized(setup):
+        dtype = "float32 (peft's upcast casts them too)" if states.kbit_upcast(setup) else setup.precision.compute_dtype
+        notes.append(f"MoE experts in {dtype}, not 4-bit: transformers >= 5 stores them as 3-D parameters "
+                     "bitsandbytes does not quantize (transformers 4.x quantized them as nn.Linear: --versions "
+                     "transformers==4.x)")
+    return tuple(notes)
+
+
 _LAUNCH_NOTES: BoundedMemo[tuple, str] = BoundedMemo()
 
 
@@ -139,6 +166,7 @@ def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None,
         outside_note(outside, outside_source),
         ALLOCATOR_NOTE,
     )
+    notes += versions_notes(setup)
     if setup.strategy.deepspeed:
         notes += deepspeed_notes(setup, inventory)
     if len(setup.model.attention_implementations()) == 1:  # make_setup took the one transformers allows

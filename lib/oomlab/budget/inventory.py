@@ -24,9 +24,10 @@ from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.fsdp import fsdp_phases
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.budget.step_parts import Inventory, LayerTerms, ModelStates, StepTensors
-from oomlab.core.choices import Method
+from oomlab.core.choices import Method, Precision
 from oomlab.core.memo import BoundedMemo
 from oomlab.core.setup import TrainingSetup
+from oomlab.core.versions import Fact, applies
 
 _STATES: BoundedMemo[tuple, ModelStates] = BoundedMemo()
 
@@ -35,7 +36,7 @@ def model_states(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = Non
     """The setup's :class:`ModelStates`, memoised on what they depend on."""
     key = (setup.model, setup.method._value_, setup.precision._value_, setup.strategy._value_,
            setup.optimizer._value_, setup.gpus, setup.nodes, setup.lora_rank, setup.lora_targets, setup.checkpointing,
-           deepspeed)
+           deepspeed, setup.versions)
     found = _STATES.get(key)
     if found is None and setup.strategy.deepspeed:
         z = zero_states(setup, deepspeed)
@@ -63,6 +64,7 @@ def step_tensors(setup: TrainingSetup) -> StepTensors:
     capped = act.softcap_saved_bytes(setup)  # Gemma-2's saved tanh(logits): logits-sized, held with log_softmax
     loss_saved = act.tokens(setup) * (4 * setup.model.vocab_size + act.INDEX) + capped
     lg = workspace.logits_bytes(setup)
+    logits, logits_fp32 = logits_at_loss(setup, lg.logits, lg.fp32_copy)
     recompute_acts = recompute_fixed = 0
     if setup.checkpointing:
         # by then the head, the final norm and the loss have run their backward: only the layers' inputs remain,
@@ -72,10 +74,28 @@ def step_tensors(setup: TrainingSetup) -> StepTensors:
             setup, workspace.recompute_gradient_bytes(setup))
     return StepTensors(
         layer_activations=saved - loss_saved, autocast_copies=act.autocast_copy_bytes(setup),
-        autocast_cache=act.autocast_cache_bytes(setup), logits=lg.logits, logits_fp32=lg.fp32_copy,
+        autocast_cache=act.autocast_cache_bytes(setup), logits=logits, logits_fp32=logits_fp32,
         log_softmax=lg.log_softmax + capped, loss_grad=lg.grad, recompute_activations=recompute_acts,
-        recompute_workspace=recompute_fixed,
+        recompute_workspace=recompute_fixed, input_leaf=act.input_leaf_bytes(setup),
     )
+
+
+def logits_at_loss(setup: TrainingSetup, half_logits: int, fp32_copy: int) -> tuple[int, int]:
+    """(the LM head's output, the fp32 copies) alive when the loss runs, by the user's transformers release.
+
+    From 4.49 ``ForCausalLMLoss`` upcasts the returned half logits and shifts the labels: the half logits and one fp32
+    copy (:func:`.workspace.logits_bytes`).  Before 4.49 it shifted the logits, ``logits[..., :-1, :].contiguous()``:
+    a second fp32 (tokens x vocab) copy (:attr:`~oomlab.core.versions.Fact.LOSS_SHIFTS_LABELS`).  Before 4.46
+    ``LlamaForCausalLM.forward`` ran ``logits = logits.float()`` itself: the half logits are freed at once, the fp32
+    ones returned (:attr:`~oomlab.core.versions.Fact.LOSS_UPCASTS_LOGITS`).
+    NB: tokens x vocab, not (tokens - batch) x vocab, for the shifted copy.
+    """
+    shifted = 4 * act.tokens(setup) * setup.model.vocab_size
+    if not applies(Fact.LOSS_SHIFTS_LABELS, setup.versions):
+        fp32_copy += shifted
+    if not applies(Fact.LOSS_UPCASTS_LOGITS, setup.versions) and setup.precision is not Precision.FP32:
+        half_logits = 0
+    return half_logits, fp32_copy
 
 
 def layer_inputs_bytes(setup: TrainingSetup) -> int:
@@ -107,7 +127,7 @@ def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, d
         return fsdp_phases(setup, inventory)
     held = {MemCategory.WEIGHTS: s.weights, MemCategory.MASTER_WEIGHTS: s.master_weights,
             MemCategory.OPTIMIZER_STATE: s.optimizer_state}
-    buckets = s.ddp_buckets
+    buckets = s.ddp_buckets + t.input_leaf  # both held through every phase
     forward = {
         **held,
         MemCategory.ACTIVATIONS: t.layer_activations,

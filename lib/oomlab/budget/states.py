@@ -15,9 +15,10 @@ from functools import lru_cache
 from oomlab.budget import sharding
 from oomlab.budget.result import MemCategory
 from oomlab.budget.sharding import Share
-from oomlab.core.choices import Method, Optimizer, Precision
+from oomlab.core.choices import Method, Optimizer, Precision, Strategy
 from oomlab.core.models import ModelSpec
 from oomlab.core.setup import TrainingSetup
+from oomlab.core.versions import Fact, applies
 
 NF4_DQ_BITS = 4.127  # QLoRA paper: NF4 weights, 64-blocks, fp8 second-level absmax (double quantization)
 # bitsandbytes QuantState per quantized weight, besides the 4.127 bits/param (functional.py quantize_4bit, lines
@@ -46,9 +47,55 @@ def trainable_parameters(setup: TrainingSetup) -> int:
     return setup.model.num_parameters if setup.method is Method.FULL else lora_parameters(setup)
 
 
+def has_experts(setup: TrainingSetup) -> bool:
+    """Is the model a mixture of experts (some layer with experts)?"""
+    return any(layout.experts for layout in setup.model.layer_layouts)
+
+
+def experts_quantized(setup: TrainingSetup) -> bool:
+    """Does bitsandbytes quantize the MoE experts?  Where transformers builds them as nn.Linear modules (4.x:
+    Mixtral's ``w1``/``w2``/``w3`` per expert), yes; from 5.0 they are 3-D parameters it leaves in the load dtype
+    (:attr:`~oomlab.core.versions.Fact.MOE_EXPERTS_3D`)."""
+    return not applies(Fact.MOE_EXPERTS_3D, setup.versions)
+
+
 def quantized_parameters(setup: TrainingSetup) -> int:
-    """Parameters of the decoder layers' projection matrices (what QLoRA quantizes)."""
-    return setup.model.num_hidden_layers * setup.model.layer_matmul_params
+    """Parameters QLoRA quantizes: the decoder layers' nn.Linear weights, and the experts where they are nn.Linear
+    (:func:`experts_quantized`)."""
+    return _quantized_parameters(setup.model, experts_quantized(setup))
+
+
+@lru_cache(maxsize=256)
+def _quantized_parameters(spec: ModelSpec, experts: bool) -> int:
+    return sum(layout.linear_weight_params + (layout.expert_params if experts else 0) for layout in spec.layer_layouts)
+
+
+def _quantized_matrices(setup: TrainingSetup) -> int:
+    """4-bit weights, each with its own quantization state: every layer's nn.Linear modules (3 per expert where the
+    experts are quantized)."""
+    spec = setup.model
+    experts = sum(3 * layout.experts for layout in spec.layer_layouts) if experts_quantized(setup) else 0
+    return sum(len(layout.projections) for layout in spec.layer_layouts) + experts
+
+
+def kbit_upcast(setup: TrainingSetup) -> bool:
+    """QLoRA as peft prepares it: ``prepare_model_for_kbit_training`` (what oomlab's train.py, TRL's SFTTrainer and
+    the PEFT QLoRA recipes call) casts every fp16/bf16 parameter that is not 4-bit -- the embedding, the norms, the
+    LM head -- to fp32 (:attr:`~oomlab.core.versions.Fact.PEFT_KBIT_UPCAST`).
+
+    Budgeted for a mixed precision on one process per replica (``single``, ``ddp``), where accelerate's autocast
+    runs the forward over those fp32 weights.  NB: TRL skips the preparation for sharded QLoRA (FSDP, ZeRO-3) and
+    DeepSpeed casts every parameter back to half, so the sharded strategies keep half non-quantized weights; pure
+    ``fp16``/``bf16`` QLoRA (no autocast) is budgeted without the upcast.  torchtune and litgpt (named in the
+    versions) have no peft preparation.
+    """
+    return (setup.method is Method.QLORA and setup.precision in MIXED
+            and setup.strategy in (Strategy.SINGLE, Strategy.DDP) and applies(Fact.PEFT_KBIT_UPCAST, setup.versions))
+
+
+def unquantized_bytes(setup: TrainingSetup) -> int:
+    """QLoRA: bytes per element of the parameters left unquantized (fp32 after peft's upcast, else half)."""
+    return 4 if kbit_upcast(setup) else 2
 
 
 def half_weights(setup: TrainingSetup) -> bool:
@@ -70,7 +117,7 @@ def weight_bytes_total(setup: TrainingSetup) -> int:
     if setup.method is Method.QLORA:
         quantized = quantized_parameters(setup)
         packed = round(quantized * NF4_DQ_BITS / 8)
-        return packed + 2 * (n - quantized) + adapters
+        return packed + unquantized_bytes(setup) * (n - quantized) + adapters
     return param_bytes(setup) * n + adapters
 
 
@@ -81,7 +128,7 @@ def nf4_state_fixed_bytes(setup: TrainingSetup) -> int:
     """
     if setup.method is not Method.QLORA:
         return 0
-    return NF4_STATE_TENSOR_BYTES * 7 * setup.model.num_hidden_layers
+    return NF4_STATE_TENSOR_BYTES * _quantized_matrices(setup)
 
 
 def grad_bytes_per_param(setup: TrainingSetup) -> int:

@@ -68,6 +68,7 @@ class StepTensors:
     loss_grad: int  # one (tokens x vocab) fp32 gradient
     recompute_activations: int  # checkpointing: every layer's input + the recomputed layer's saved tensors
     recompute_workspace: int  # checkpointing: the recomputed layer's fixed bytes and gradient temporaries
+    input_leaf: int = 0  # QLoRA under peft's enable_input_require_grads: the embedding output leaf and its gradient
 
     @property
     def logits_forward(self) -> int:

@@ -210,8 +210,8 @@ class Fact(enum.Enum):
         "logits = self.lm_head(...).float()); 4.46 loss/loss_utils.py ForCausalLMLoss 'logits = logits.float()'")
     LOSS_SHIFTS_LABELS = (
         "loss-shifts-labels", "transformers", (4, 49, 0),
-        "ForCausalLMLoss shifts the labels, not the logits: no contiguous fp32 (tokens x vocab) copy of the "
-        "shifted logits",
+        "ForCausalLMLoss shifts the labels, not the logits; before, logits[..., :-1, :].contiguous() made a second "
+        "fp32 (tokens x vocab) copy at the loss",
         "transformers loss/loss_utils.py ForCausalLMLoss (PR #35646, merged 2025-01, 'removing unnecessary "
         "contiguous() call'; NB: the release is the first after the merge, inferred from its date)")
     MOE_EXPERTS_3D = (

@@ -15,9 +15,11 @@ phase by phase (forward, backward, optimizer, cut at :func:`~oomlab.budget.step.
 QLoRA (:func:`qlora_model`): the tiny model is saved and loaded back through transformers'
 ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
 bnb_4bit_compute_dtype=<the setup's compute dtype>)`` on ``device_map="cpu"``: every decoder projection becomes a
-bitsandbytes ``Linear4bit`` running bitsandbytes' CPU backend; peft LoRA goes on top (no
-``prepare_model_for_kbit_training``: it would upcast the embedding, norms and head to fp32 and force
-checkpointing). ``adamw-8bit`` is ``bitsandbytes.optim.AdamW8bit``, whose CPU step is bitsandbytes'
+bitsandbytes ``Linear4bit`` running bitsandbytes' CPU backend; then peft's ``prepare_model_for_kbit_training``
+(``use_gradient_checkpointing`` as the setup's checkpointing), as oomlab's train.py and TRL's SFTTrainer call it:
+it upcasts the embedding, norms and head to fp32 (:func:`oomlab.budget.states.kbit_upcast`; skipped where the budget
+says the launch skips it), and peft LoRA goes on top.
+``adamw-8bit`` is ``bitsandbytes.optim.AdamW8bit``, whose CPU step is bitsandbytes'
 ``_optimizer_update_8bit_blockwise_cpu``.
 """
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from oomlab.budget import states
 from oomlab.budget.result import Phase
 from oomlab.budget.step import (
     BACKWARD_DONE,
@@ -141,6 +144,10 @@ def qlora_model(setup: TrainingSetup) -> Any:
             attn_implementation=setup.attention.value,
         )
     model.config.use_cache = False
+    if states.kbit_upcast(setup):  # as train.py prepares it: non-4-bit parameters to fp32
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=setup.checkpointing)
     if setup.checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model = apply_lora(model, setup, adapters_fp32=True)
