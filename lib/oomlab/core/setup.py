@@ -71,6 +71,8 @@ class TrainingSetup:
         for name, kind in _CHOICE_FIELDS.items():
             if name in changes:
                 changes[name] = choice(kind, changes[name], name)
+        if "versions" in changes:
+            changes["versions"] = versions_from(changes["versions"])
         return validate(replace(self, **changes))
 
 
