@@ -36,11 +36,14 @@ class Family(Choice):
     STABLELM = "stablelm"  # StableLM 2: LayerNorms with bias, q/k/v biases, partial rotary
     OLMO2 = "olmo2"  # OLMo 2: norms after attention and MLP, RMSNorm over all of q and k
     FALCON = "falcon"  # Falcon: fused query_key_value (multi-query), parallel attention, dense GELU MLP
+    GRANITEMOE = "granitemoe"  # Granite 3.x MoE: LLaMA's attention, Mixtral's router and fused experts, tied embedding
+    GPT_OSS = "gpt_oss"  # gpt-oss: biased GQA attention with per-head sinks, alternating sliding/full layers, biased
+    # router and experts (MXFP4 in the checkpoint, dequantized to bf16 for training)
 
     @property
     def moe(self) -> bool:
         """Are (some) MLPs mixtures of experts?"""
-        return self in (Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE)
+        return self in (Family.MIXTRAL, Family.QWEN2_MOE, Family.QWEN3_MOE, Family.GRANITEMOE, Family.GPT_OSS)
 
 
 FAMILY_NAMES = tuple(f.value for f in Family)
@@ -173,6 +176,17 @@ def layer_layout(family: Family, cfg: Any, index: int) -> LayerLayout:
         shared = {**_swiglu(h, cfg.shared_expert_intermediate_size, prefix="shared_expert."),
                   "shared_expert_gate": (h, 1, False)}
         return _layout({**attention, **shared}, 2 * h, **_experts(cfg, cfg.moe_intermediate_size))
+    if family is f.GRANITEMOE:  # modeling_granitemoe.py: GraniteMoeAttention, GraniteMoeTopKRouter, GraniteMoeExperts
+        bias = bool(cfg.attention_bias)
+        return _layout(_attention(cfg, bias, bias), 2 * h, **_experts(cfg, i))
+    if family is f.GPT_OSS:
+        # modeling_gpt_oss.py: q/k/v/o with bias (GptOssAttention), sinks (one per head), GptOssTopKRouter's weight and
+        # bias, GptOssExperts' gate_up_proj (E x h x 2i) + bias (E x 2i) and down_proj (E x i x h) + bias (E x h).
+        # NB: the sinks are counted with the norms (per-layer vectors neither quantized nor LoRA-targeted)
+        e, bias = cfg.num_local_experts, bool(cfg.attention_bias)
+        moe = _experts(cfg, i)
+        moe.update(router_params=moe["router_params"] + e, expert_params=moe["expert_params"] + e * (2 * i + h))
+        return _layout(_attention(cfg, bias, bias), 2 * h + cfg.num_attention_heads, **moe)
     if family is f.OLMO2:
         bias = bool(cfg.attention_bias)
         return _layout({**_attention(cfg, bias, bias), **_swiglu(h, i)}, 2 * h + q_dim_of(cfg) + kv_dim_of(cfg))

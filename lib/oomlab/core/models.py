@@ -199,7 +199,7 @@ class ModelSpec:
 
     def attention_implementations(self) -> tuple[str, ...]:
         """The attention implementations (of oomlab's ``eager`` and ``sdpa``) transformers allows for this family."""
-        if self.family is Family.GEMMA2:  # modeling_gemma2.py: _supports_sdpa = False (sdpa cannot soft-cap)
+        if self.family in _NO_SDPA:
             return ("eager",)
         return ("eager", "sdpa")
 
@@ -207,10 +207,10 @@ class ModelSpec:
         """Refuse an attention implementation transformers refuses for this model, saying what to pass."""
         allowed = self.attention_implementations()
         if attention not in allowed:
+            why = f" ({_NO_SDPA[self.family]})" if self.family in _NO_SDPA else ""
             raise InvalidValueError(
                 f"model {self.name!r} ({self.family.value}) cannot run attention {attention!r}: transformers "
-                f"supports only {', '.join(repr(a) for a in allowed)} for it"
-                + (" (SDPA cannot soft-cap attention logits)" if self.family is Family.GEMMA2 else "")
+                f"supports only {', '.join(repr(a) for a in allowed)} for it{why}"
                 + f"; pass attention={allowed[0]!r} (--attention {allowed[0]})"
             )
 
@@ -219,6 +219,11 @@ class ModelSpec:
         return config_object(self.model_type, self.config)
 
 
+# families whose transformers class has ``_supports_sdpa = False``, and why (flash / flex attention are not modelled)
+_NO_SDPA = {
+    Family.GEMMA2: "SDPA cannot soft-cap attention logits",  # modeling_gemma2.py
+    Family.GPT_OSS: "SDPA has no attention sinks",  # modeling_gpt_oss.py:380 _supports_sdpa = False
+}
 # fields a config.json must give (or an alias the config class maps, e.g. Falcon's n_head): no default is a model
 _REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
 # geometry fields that must be positive integers where a config.json gives them (``null`` allowed only where the
@@ -393,6 +398,7 @@ def _model_from_dict(name: str, raw: dict[str, Any], source: str,
         if key not in raw and not any(alias in raw for alias in _aliases(family, key)):
             raise InvalidValueError(f"model config {shown(source)} lacks the field {key!r} (required: "
                                     f"{', '.join(_REQUIRED)}; accepted: a positive integer)")
+    raw = _legacy_rope(family, raw)
     cfg = resolved if resolved is not None else _resolve(family, raw, source)
     intermediate = getattr(cfg, "intermediate_size", None) or cfg.ffn_hidden_size  # Falcon: ffn_hidden_size
     spec = ModelSpec(
@@ -408,13 +414,25 @@ def _model_from_dict(name: str, raw: dict[str, Any], source: str,
     return spec
 
 
+def _legacy_rope(family: Family, raw: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3-mini-128k's first configs (and the fine-tunes copied from them) name their rope scaling ``"su"``.
+    transformers 5 renames it ``"longrope"`` (``models/phi3/configuration_phi3.py:100-103``) only after validating the
+    parameters as LongRoPE's without the top-level ``original_max_position_embeddings`` (a ``KeyError`` in
+    ``modeling_rope_utils.py`` ``_check_received_keys``); transformers 4.x ran it.  The rotary scaling moves no
+    memory: the fields are read with ``"longrope"`` (a copy; the file is not changed)."""
+    scaling = raw.get("rope_scaling")
+    if family is not Family.PHI3 or not isinstance(scaling, Mapping) or scaling.get("type") != "su":
+        return raw
+    return {**raw, "rope_scaling": {**scaling, "type": "longrope"}}
+
+
 def _resolve(family: Family, raw: Mapping[str, Any], source: str) -> Any:
     """The config object transformers' config class makes of ``raw``, or a refusal quoting its reason."""
     from huggingface_hub.errors import StrictDataclassError  # transformers 5's config validation
 
     try:
         return config_object(family.value, raw)
-    except (TypeError, ValueError, StrictDataclassError) as err:
+    except (TypeError, ValueError, KeyError, StrictDataclassError) as err:  # KeyError: rope parameters missing
         detail = " ".join(str(err).split())
         detail = detail if len(detail) <= 4 * SHOWN_CHARS else detail[:4 * SHOWN_CHARS] + "…"
         raise InvalidValueError(f"model config {shown(source)} is refused by transformers' {family.value} config "
