@@ -23,12 +23,16 @@ from typing import Any
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.user_input import read_user_bytes, shown
 
-__all__ = ["FREED", "MAX_SNAPSHOT_BYTES", "TRACE_ACTIONS", "MemorySnapshot", "SnapshotBlock", "SnapshotError",
-           "SnapshotFrame", "SnapshotSegment", "TraceEvent", "load_snapshot", "parse_snapshot", "read_snapshot"]
+__all__ = ["FREED", "MAX_ENTRIES", "MAX_SNAPSHOT_BYTES", "TRACE_ACTIONS", "MemorySnapshot", "SnapshotBlock",
+           "SnapshotError", "SnapshotFrame", "SnapshotSegment", "TraceEvent", "load_snapshot", "parse_snapshot",
+           "read_snapshot"]
 
 # NB: _dump_snapshot's own docstring warns that files "can easily be in the GB range" with large max_entries; the
 # default history (max_entries=sys.maxsize over one step) of a 7B fine-tune is tens of MiB.  512 MiB bounds the read.
 MAX_SNAPSHOT_BYTES = 512 * 2**20
+# NB: a pickle can reference one object many times for two bytes each; records parsed are bounded apart from bytes
+# (a 7B fine-tune's step is about 10^5 trace entries of tens of frames each, with frame lists mostly shared)
+MAX_ENTRIES = 20_000_000
 # the trace entry actions of torch's TraceEntry (memory.py 1085-1103), those expandable segments add, and the single
 # "free" of older snapshots (MemoryViz.js still replays it)
 TRACE_ACTIONS = ("alloc", "free", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
@@ -187,54 +191,76 @@ def _sequence(value: Any, where: str) -> list[Any] | tuple[Any, ...]:
     return value
 
 
-def _frames(raw: Any, where: str) -> tuple[SnapshotFrame, ...]:
-    frames = []
-    for i, f in enumerate(_sequence(raw, where)):
-        f = _mapping(f, f"{where}[{i}]")
-        frames.append(SnapshotFrame(str(_field(f, "filename", str, where, "?")), int(_field(f, "line", int, where, 0)),
-                                    str(_field(f, "name", str, where, "?"))))
-    return tuple(frames)
+class _Reader:
+    """One parse: frame lists shared in the pickle (memo references) become one shared tuple, and the entries read
+    (blocks, trace entries, frames) are counted against :data:`MAX_ENTRIES`, so a small pickle that references one
+    list millions of times cannot expand into gigabytes of records."""
 
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.entries = 0
+        self.shared: dict[int, tuple[SnapshotFrame, ...]] = {}  # id of a frame list (alive while raw is) -> tuple
 
-def _block(raw: Any, where: str) -> SnapshotBlock:
-    b = _mapping(raw, where)
-    state = _field(b, "state", str, where)
-    if state not in BLOCK_STATES:
-        raise SnapshotError(f"{where}: unknown block state {shown(state)}; known: {', '.join(BLOCK_STATES)}")
-    size = _size(b, "size", where)
-    frames = b.get("frames")
-    if frames is None and isinstance(b.get("history"), list) and b["history"]:  # torch <= 2.0's block history
-        frames = _mapping(b["history"][0], f"{where}.history[0]").get("frames", [])
-    return SnapshotBlock(_size(b, "address", where, 0), size, _size(b, "requested_size", where, size), state,
-                         _frames(frames or [], f"{where}.frames"))
+    def count(self, n: int = 1) -> None:
+        self.entries += n
+        if self.entries > MAX_ENTRIES:
+            raise SnapshotError(f"{self.what} holds more than {MAX_ENTRIES:,} blocks, trace entries and frames; "
+                                "record a shorter history (_record_memory_history(max_entries=...))")
 
+    def frames(self, raw: Any, where: str) -> tuple[SnapshotFrame, ...]:
+        if id(raw) in self.shared:
+            return self.shared[id(raw)]
+        frames = []
+        for i, f in enumerate(_sequence(raw, where)):
+            f = _mapping(f, f"{where}[{i}]")
+            frames.append(SnapshotFrame(str(_field(f, "filename", str, where, "?")),
+                                        int(_field(f, "line", int, where, 0)), str(_field(f, "name", str, where, "?"))))
+        self.count(len(frames))
+        self.shared[id(raw)] = out = tuple(frames)
+        return out
 
-def _segment(raw: Any, where: str) -> SnapshotSegment:
-    s = _mapping(raw, where)
-    blocks = tuple(_block(b, f"{where}.blocks[{i}]") for i, b in enumerate(_sequence(_field(s, "blocks", list, where),
-                                                                                     f"{where}.blocks")))
-    return SnapshotSegment(_size(s, "device", where, 0), _size(s, "address", where), _size(s, "total_size", where),
-                           str(_field(s, "segment_type", str, where, "large")), blocks)
+    def block(self, raw: Any, where: str) -> SnapshotBlock:
+        self.count()
+        b = _mapping(raw, where)
+        state = _field(b, "state", str, where)
+        if state not in BLOCK_STATES:
+            raise SnapshotError(f"{where}: unknown block state {shown(state)}; known: {', '.join(BLOCK_STATES)}")
+        size = _size(b, "size", where)
+        frames = b.get("frames")
+        if frames is None and isinstance(b.get("history"), list) and b["history"]:  # torch <= 2.0's block history
+            frames = _mapping(b["history"][0], f"{where}.history[0]").get("frames", [])
+        return SnapshotBlock(_size(b, "address", where, 0), size, _size(b, "requested_size", where, size), state,
+                             self.frames(frames or [], f"{where}.frames"))
 
+    def segment(self, raw: Any, where: str) -> SnapshotSegment:
+        s = _mapping(raw, where)
+        blocks = tuple(self.block(b, f"{where}.blocks[{i}]")
+                       for i, b in enumerate(_sequence(_field(s, "blocks", list, where), f"{where}.blocks")))
+        return SnapshotSegment(_size(s, "device", where, 0), _size(s, "address", where),
+                               _size(s, "total_size", where), str(_field(s, "segment_type", str, where, "large")),
+                               blocks)
 
-def _event(raw: Any, where: str) -> TraceEvent:
-    e = _mapping(raw, where)
-    action = _field(e, "action", str, where)
-    if action not in TRACE_ACTIONS:
-        raise SnapshotError(f"{where}: unknown trace action {shown(action)}; known: {', '.join(TRACE_ACTIONS)}")
-    if action == "oom":
-        return TraceEvent(action, None, _size(e, "size", where), _frames(e.get("frames") or [], f"{where}.frames"),
-                          _size(e, "device_free", where))
-    addr = _size(e, "addr", where, 0)
-    return TraceEvent(action, addr, _size(e, "size", where, 0), _frames(e.get("frames") or [], f"{where}.frames"))
+    def event(self, raw: Any, where: str) -> TraceEvent:
+        self.count()
+        e = _mapping(raw, where)
+        action = _field(e, "action", str, where)
+        if action not in TRACE_ACTIONS:
+            raise SnapshotError(f"{where}: unknown trace action {shown(action)}; known: {', '.join(TRACE_ACTIONS)}")
+        frames = self.frames(e.get("frames") or [], f"{where}.frames")
+        if action == "oom":
+            return TraceEvent(action, None, _size(e, "size", where), frames, _size(e, "device_free", where))
+        return TraceEvent(action, _size(e, "addr", where, 0), _size(e, "size", where, 0), frames)
 
 
 def parse_snapshot(raw: Any, what: str = "the snapshot") -> MemorySnapshot:
-    """The :class:`MemorySnapshot` of the plain object ``raw``; a shape that is not torch's is refused naming where."""
+    """The :class:`MemorySnapshot` of the plain object ``raw``; a shape that is not torch's is refused naming where,
+    and so is one of more than :data:`MAX_ENTRIES` blocks, trace entries and frames."""
+    reader = _Reader(what)
     top = _mapping(raw, what)
-    segments = tuple(_segment(s, f"{what}: segments[{i}]")
+    segments = tuple(reader.segment(s, f"{what}: segments[{i}]")
                      for i, s in enumerate(_sequence(_field(top, "segments", list, what), "segments")))
-    traces = tuple(tuple(_event(e, f"{what}: device_traces[{d}][{i}]") for i, e in enumerate(_sequence(t, "trace")))
+    traces = tuple(tuple(reader.event(e, f"{what}: device_traces[{d}][{i}]")
+                         for i, e in enumerate(_sequence(t, "trace")))
                    for d, t in enumerate(_sequence(_field(top, "device_traces", list, what, []), "device_traces")))
     marker = top.get("oomlab_simulated")
     return MemorySnapshot(segments, traces, marker if isinstance(marker, str) else None)
