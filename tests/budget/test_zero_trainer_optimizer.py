@@ -117,3 +117,22 @@ def test_without_a_json_adamw_is_oomlabs_launch_json_block() -> None:
     assert optimizer_source(launch.setup, ds) is OptimizerSource.DEEPSPEED
     assert zero_states(launch.setup).step_temps == 6 * PS
     assert "FusedAdam" in optimizer_note(launch.setup)
+
+
+def test_measured_trainer_adamw_torch_step_holds_one_more_fp32_partition() -> None:
+    """Measured on gloo CPU ranks (docs/deepspeed-small-scale.md): ZeRO-2 with the optimizer the HF Trainer builds,
+    optim adamw_torch (foreach) against adamw_torch_fused: the foreach step holds the fp32 gradient and exp_avg_sq_sqrt
+    (4 + 4 bytes per element of the decay group's partition), the fused one peaks converting the gradient (2 + 4):
+    the optimizer phases differ by 2 bytes per element, within 2 %; each agrees with the analytic phase."""
+    from oomlab.evidence import deepspeed_measured as dm
+
+    data = dm.load_committed()
+    by_label = {c["label"]: (c, m) for c, m in zip(data["cases"], data["measured"], strict=True)}
+    foreach, fused = by_label["ZeRO-2, the Trainer's adamw_torch"], by_label["ZeRO-2, the Trainer's adamw_torch_fused"]
+    peak = lambda ranks: max(dm.measured_peaks(r)[Phase.OPTIMIZER] for r in ranks)  # noqa: E731
+    setup, settings = dm.case_setup(foreach[0]), dm.case_settings(foreach[0])
+    group = partition_12(setup, settings_for(setup, settings)).group_partition
+    assert foreach[0]["trainer_optim"] == "adamw_torch" and settings.optimizer_source is OptimizerSource.TRAINER
+    assert peak(foreach[1]) - peak(fused[1]) == pytest.approx((8 - 6) * group, rel=0.02)
+    for case, ranks in (foreach, fused):
+        assert peak(ranks) == pytest.approx(dm.analytic_step(case).phases[Phase.OPTIMIZER], rel=0.02)

@@ -26,7 +26,15 @@ from typing import Any
 
 from oomlab.budget import deepspeed_layout as layout
 from oomlab.budget.analytic import estimate_setup
-from oomlab.budget.deepspeed import FP32, buffer_bytes, host_offload_bytes, model_dtype_bytes, state_bytes, zero_states
+from oomlab.budget.deepspeed import (
+    FP32,
+    buffer_bytes,
+    host_offload_bytes,
+    model_dtype_bytes,
+    partition_12,
+    state_bytes,
+    zero_states,
+)
 from oomlab.budget.deepspeed_config import settings_for
 from oomlab.budget.result import Phase
 from oomlab.budget.step import library_versions
@@ -45,7 +53,7 @@ BASE = {"precision": "bf16-mixed", "optimizer": "adamw-fused", "batch": 2, "seq"
 
 def _case(label: str, strategy: str, gpus: int, settings: Mapping[str, Any] | None = None, **extra: Any
           ) -> dict[str, Any]:
-    flags = {k: extra.pop(k) for k in ("zero_init", "patch_fp16") if k in extra}
+    flags = {k: extra.pop(k) for k in ("zero_init", "patch_fp16", "trainer_optim") if k in extra}
     return {"label": label, "knobs": {**BASE, "strategy": strategy, "gpus": gpus, **extra},
             "settings": dict(settings or {}), **flags}
 
@@ -71,6 +79,15 @@ CASES: tuple[dict[str, Any], ...] = (
     _case("ZeRO-1, 4 ranks", "zero1", 4),
     _case("ZeRO-2, 4 ranks", "zero2", 4),
     _case("ZeRO-3, 4 ranks", "zero3", 4),
+    # no optimizer block: the HF Trainer's create_optimizer with optim="adamw_torch" (foreach, as on CUDA)
+    _case("ZeRO-1, the Trainer's adamw_torch", "zero1", 2, {"optimizer_source": "trainer"}, optimizer="adamw",
+          trainer_optim="adamw_torch"),
+    _case("ZeRO-2, the Trainer's adamw_torch", "zero2", 2, {"optimizer_source": "trainer"}, optimizer="adamw",
+          trainer_optim="adamw_torch"),
+    _case("ZeRO-3, the Trainer's adamw_torch", "zero3", 2, {"optimizer_source": "trainer"}, optimizer="adamw",
+          trainer_optim="adamw_torch"),
+    _case("ZeRO-2, the Trainer's adamw_torch_fused", "zero2", 2, {"optimizer_source": "trainer"},
+          trainer_optim="adamw_torch_fused"),
 )
 
 
@@ -132,7 +149,7 @@ def analytic_structure(case: Mapping[str, Any]) -> dict[str, int]:
         if setup.strategy.offloads_optimizer:
             out["fp32_gradients"] = FP32 * part.trained  # one fp32 buffer per sub-group (stage3.py:1336-1342)
         return out
-    part12 = layout.flat_partition(setup)
+    part12 = partition_12(setup, ds)
     frozen = z.weights - lp * part12.aligned - buffer_bytes(setup)
     out.update(partitions=lp * part12.aligned + frozen, master=FP32 * part12.partition,
                optimizer=state_bytes(setup, part12.partition), bucket=z.bucket)
@@ -267,9 +284,13 @@ DOC_FOOTER = """## What a GPU run would differ in
 
 - The optimizer: these runs hand DeepSpeed torch's `AdamW(fused=True)` as the client optimizer (no JIT build);
   a DeepSpeed JSON with `"optimizer": {"type": "AdamW"}` builds `FusedAdam` on a GPU
-  (`deepspeed/runtime/engine.py:2402-2409`) and `DeepSpeedCPUAdam` under offload (`:2384-2400`). Memory is the same:
-  both keep two fp32 moments of the partition (`ops/adam/fused_adam.py:155-157`) and update in place; a
-  single-tensor `torch.optim.AdamW` would add two partition-sized fp32 temporaries to the step.
+  (`deepspeed/runtime/engine.py:2402-2408`) and `DeepSpeedCPUAdam` under offload (`:2384-2400`). Memory is the same:
+  both keep two fp32 moments of the partition (`ops/adam/fused_adam.py:155-157`) and update in place. The
+  "Trainer's adamw_torch" cases have the HF Trainer's own `create_optimizer` build the optimizer, as it does for a
+  JSON without an optimizer block (`transformers/integrations/deepspeed.py:586-589`; two parameter groups, decay and
+  no decay), with `foreach=True` -- what torch picks on CUDA (`torch/optim/optimizer.py:161-186`), not on CPU: its
+  step allocates `exp_avg_sq_sqrt`, one fp32 copy of the group's partition (`torch/optim/adam.py:762`), the
+  difference between their optimizer peaks and the `adamw_torch_fused` case's.
 - Collectives: NCCL reduces and gathers in place; gloo stages copies inside its ops, which the measurement leaves out
   (`oomlab.instruments.deepspeed_run`).
 - Offload: pinned host memory on CUDA (`pin_memory` is a no-op on the CPU accelerator); here host and device bytes
