@@ -1,0 +1,125 @@
+"""TRL's launch read (oomlab.launch.trl_config): the DPO example of trl/scripts/dpo.py, the trl CLI, --config YAMLs
+and packaged accelerate configs, each field with its origin, TRL's defaults cited at 1.16.0, and check's verdict."""
+
+from pathlib import Path
+
+import pytest
+
+from oomlab.core.choices import Method, Precision, Reference, Strategy, Trainer
+from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.launch.check import check
+from oomlab.launch.inputs import check_inputs
+from oomlab.launch.read import LaunchInputs
+from oomlab.launch.resolve import read_launch
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "trl-dpo"
+
+
+def _read(command: str, gpu: str = "a10g", **kwargs):
+    return read_launch(LaunchInputs(command=command, model="qwen2.5-0.5b", gpu=gpu, **kwargs))
+
+
+def test_readme_cites_the_source() -> None:
+    """The fixture's README names TRL's release and the script the command comes from."""
+    text = (FIXTURE / "README.md").read_text()
+    assert "TRL 1.16.0" in text and "trl/scripts/dpo.py" in text
+
+
+def test_the_dpo_example_every_decisive_field() -> None:
+    """python trl/scripts/dpo.py ... --use_peft --lora_r 32 --lora_alpha 16: DPO over LoRA, each field from its flag
+    or TRL's default with its line."""
+    launch = read_launch(check_inputs(launch_dir=FIXTURE, model="qwen2.5-0.5b", gpu="a10g"))
+    f, s = launch.fields, launch.setup
+    expected = {
+        "trainer": (Trainer.DPO, "flag trl/scripts/dpo.py"),
+        "method": (Method.LORA, "flag --use_peft"),
+        "lora_rank": (32, "flag --lora_r 32"),
+        "lora_alpha": (16, "flag --lora_alpha 16"),
+        "batch": (2, "flag --per_device_train_batch_size 2"),
+        "accumulation": (8, "flag --gradient_accumulation_steps 8"),
+        "seq": (1024, "default of TRL 1.16.0 (max_length=1024 (trl/trainer/dpo_config.py:195-196))"),
+        "checkpointing": (True, "default of TRL 1.16.0 (gradient_checkpointing=True "
+                                "(trl/trainer/base_config.py:62-63))"),
+        "precision": (Precision.BF16_MIXED, "default of TRL 1.16.0 (bf16 = not fp16 (trl/trainer/base_config.py:108))"),
+        "load_dtype": ("float32", "default of TRL 1.16.0 (ModelConfig dtype='float32' "
+                                  "(trl/trainer/model_config.py:89-90))"),
+        "strategy": (Strategy.SINGLE, None),
+    }
+    for name, (value, origin) in expected.items():
+        assert f[name].value == value, name
+        assert origin is None or str(f[name].origin) == origin, name
+    assert f["lora_targets"].value == ("q_proj", "v_proj")  # peft's default for qwen2
+    assert (s.trainer, s.reference) == (Trainer.DPO, Reference.DEFAULT)
+
+
+@pytest.mark.parametrize("command, field, value", [
+    ("trl dpo --model_name_or_path x --precompute_ref_log_probs", "reference", Reference.NONE),
+    ("trl grpo --model_name_or_path x --beta 0.04", "reference", Reference.RESIDENT),
+    ("trl grpo --model_name_or_path x", "trainer", Trainer.GRPO),
+    ("trl kto --model_name_or_path x", "trainer", Trainer.KTO),
+    ("trl reward --model_name_or_path x", "trainer", Trainer.REWARD),
+    ("trl sft --model_name_or_path x --max_seq_length 512", "seq", 512),  # TRL < 0.16's name
+    ("trl sft --model_name_or_path x --max_length 2048", "seq", 2048),
+    ("trl sft --model_name_or_path x --fp16", "precision", Precision.FP16_MIXED),
+    ("trl sft --model_name_or_path x --gradient_checkpointing false", "checkpointing", False),
+    ("python -m trl.scripts.dpo --model_name_or_path x", "trainer", Trainer.DPO),
+    ("accelerate launch examples/scripts/kto.py --model_name_or_path x", "trainer", Trainer.KTO),
+])
+def test_flags(command: str, field: str, value) -> None:
+    """Each TRL flag and script reaches its field."""
+    assert _read(command, gpus=1).fields[field].value == value
+
+
+def test_config_yaml_under_flags(tmp_path: Path) -> None:
+    """--config YAML values are read with their lines; a flag replaces a YAML value and the YAML's is listed."""
+    config = tmp_path / "dpo.yaml"
+    config.write_text("model_name_or_path: Qwen/Qwen2-0.5B-Instruct\nmax_length: 2048\nper_device_train_batch_size: 4\n"
+                      "precompute_ref_log_probs: true\n")
+    launch = _read(f"trl dpo --config {config} --per_device_train_batch_size 1", gpus=1)
+    f = launch.fields
+    assert (f["seq"].value, str(f["seq"].origin)) == (2048, f"{config}:2 max_length")
+    assert (f["batch"].value, str(f["batch"].origin)) == (1, "flag --per_device_train_batch_size 1")
+    assert (f["reference"].value, str(f["reference"].origin)) == (Reference.NONE,
+                                                                  f"{config}:4 precompute_ref_log_probs")
+    assert any(u.origin.key == "per_device_train_batch_size" and "overridden" in u.why for u in launch.unmodelled)
+
+
+def test_packaged_accelerate_config() -> None:
+    """--accelerate_config zero3 is TRL's zero3.yaml: DeepSpeed ZeRO-3 under zero.Init, bf16, 8 processes unless
+    --num_processes says."""
+    launch = _read("trl sft --model_name_or_path x --accelerate_config zero3 --num_processes 4", gpu="a100-80gb",
+                   gpus=4)
+    s = launch.setup
+    assert (s.strategy, s.gpus, s.precision) == (Strategy.ZERO3, 4, Precision.BF16_MIXED)
+    assert launch.zero3_init
+    assert "trl/accelerate_configs/zero3.yaml" in str(launch.fields["strategy"].origin)
+
+
+@pytest.mark.parametrize("command, error, match", [
+    ("trl sft --model_name_or_path x", InvalidValueError, r"bf16 = not fp16 .*lacks.*--fp16"),  # on a T4
+    ("trl sft --model_name_or_path x --fp16 --accelerate_config zero9", UnknownNameError, "accelerate_config.*zero9"),
+    ("trl vllm-serve --model x", InvalidValueError, "does not train"),
+])
+def test_refused(command: str, error: type, match: str) -> None:
+    """TRL's bf16 default on a GPU without bf16 stops the launch, as TrainingArguments does; unknown names list the
+    known ones."""
+    with pytest.raises(error, match=match):
+        _read(command, gpu="t4", gpus=1)
+
+
+def test_check_trainer_given_on_the_command_line() -> None:
+    """check --trainer dpo on a plain script: the kind given, with its origin."""
+    launch = read_launch(check_inputs(launch="python train.py --per_device_train_batch_size 2 --bf16",
+                                      model="qwen2.5-0.5b", gpu="a10g", trainer="dpo"))
+    assert launch.setup.trainer is Trainer.DPO
+    assert str(launch.fields["trainer"].origin) == "flag --trainer dpo (given on the command line)"
+
+
+@pytest.mark.heavy
+def test_check_gives_a_verdict_end_to_end() -> None:
+    """check on the DPO example: Qwen2.5-0.5B DPO over LoRA on one A10G is judged, its trainer named in the JSON."""
+    r = check(launch_dir=str(FIXTURE), model="qwen2.5-0.5b", gpu="a10g")
+    answer = r.to_dict()
+    assert answer["verdict"] in ("fits", "tight", "does not fit")
+    assert answer["setup"]["fields"]["trainer"]["value"] == "dpo"
+    assert r.launch.setup.trainer is Trainer.DPO
