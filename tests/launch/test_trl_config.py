@@ -7,8 +7,10 @@ import pytest
 
 from oomlab.core.choices import Method, Precision, Reference, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.core.versions import versions_from
 from oomlab.launch.check import check
 from oomlab.launch.inputs import check_inputs
+from oomlab.launch.origin import OriginKind
 from oomlab.launch.read import LaunchInputs
 from oomlab.launch.resolve import read_launch
 
@@ -123,3 +125,18 @@ def test_check_gives_a_verdict_end_to_end() -> None:
     assert answer["verdict"] in ("fits", "tight", "does not fit")
     assert answer["setup"]["fields"]["trainer"]["value"] == "dpo"
     assert r.launch.setup.trainer is Trainer.DPO
+
+
+def test_defaults_follow_the_release_given() -> None:
+    """--versions trl==0.21.0: no checkpointing default yet (TRL 0.22.0 added it: transformers' False), bf16 = not
+    fp16 already (since 0.19.0); trl==0.13.0's DPOConfig had no max_length default (oomlab's assumption then)."""
+    command = "trl dpo --model_name_or_path x"
+    f = _read(command, gpus=1, versions=versions_from("trl==0.21.0")).fields
+    assert f["checkpointing"].value is False and "transformers" in str(f["checkpointing"].origin)
+    assert f["precision"].value is Precision.BF16_MIXED
+    assert str(f["precision"].origin) == ("default of TRL 0.21.0 (given) (bf16 = not fp16, the default since TRL "
+                                          "0.19.0 (trl/trainer/sft_config.py:252, dpo_config.py:441 at v0.19.0))")
+    old = _read(command, gpus=1, versions=versions_from("trl==0.13.0")).fields
+    assert old["seq"].origin.kind is OriginKind.ASSUMED and old["precision"].value is Precision.FP32
+    new = _read(command, gpus=1).fields  # TRL not installed here: the release read, 1.16.0
+    assert new["checkpointing"].value is True and str(new["checkpointing"].origin).startswith("default of TRL 1.16.0")

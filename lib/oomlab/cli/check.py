@@ -13,6 +13,7 @@ from oomlab.cli.common import (
     model_help,
     path_argument,
     positive_int,
+    versions_argument,
 )
 from oomlab.core.choices import Trainer
 
@@ -43,6 +44,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     chk.add_argument("--trainer", choices=[t.value for t in Trainer], default=None,
                      help="the training loop (sft, dpo, grpo, ...), whatever the launch says; none: as the launch "
                      "says (stage:, rl:, trl dpo), else sft")
+    chk.add_argument("--versions", type=versions_argument, default=None,
+                     help="the releases the run uses, as name==release pins (trl==0.21.0) or a pip freeze file: "
+                     "TRL's defaults follow its release; default: the installed ones, else the release each reader "
+                     "cites")
     chk.add_argument("--message", type=path_argument, default=None, metavar="FILE",
                      help="the user's OOM message (and traceback): set against the budget of the launch as read")
     chk.add_argument("--json", action="store_true", help="print the answer as JSON")
@@ -57,7 +62,7 @@ def command(args: argparse.Namespace) -> int:
                    deepspeed=args.deepspeed, training_args=args.training_args, adapter_config=args.adapter_config,
                    quantization_config=args.quantization_config, model=args.model, gpu=args.gpu, gpus=args.gpus,
                    host_ram=args.host_ram, message=args.message, seq=args.seq, batch=args.batch,
-                   trainer=args.trainer)
+                   trainer=args.trainer, versions=args.versions)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     elif args.markdown:

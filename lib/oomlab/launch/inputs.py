@@ -12,6 +12,7 @@ from oomlab.core.choices import Trainer, choice
 from oomlab.core.errors import InvalidValueError, LaunchFileError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import load_model
+from oomlab.core.versions import Versions
 from oomlab.launch.files import read_json, read_launch_text
 from oomlab.launch.read import LaunchInputs
 
@@ -23,7 +24,7 @@ def check_inputs(*, launch: str | None = None, launch_dir: str | os.PathLike[str
                  training_args: str | None = None, adapter_config: str | None = None,
                  quantization_config: str | None = None, model: str | None = None, gpu: str = "t4",
                  gpus: int | None = None, seq: int | None = None, batch: int | None = None,
-                 trainer: str | None = None) -> LaunchInputs:
+                 trainer: str | None = None, versions: Versions | None = None) -> LaunchInputs:
     """Validated :class:`LaunchInputs`; a bad name or a missing file raises naming it (``seq``, ``batch``,
     ``trainer``: given on the command line, deciding whatever the launch says)."""
     load_gpu(gpu)
@@ -39,7 +40,8 @@ def check_inputs(*, launch: str | None = None, launch_dir: str | os.PathLike[str
     base = inputs_from_dir(launch_dir, gpu=gpu, gpus=gpus, model=model) if launch_dir is not None else \
         LaunchInputs(model=model, gpu=gpu, gpus=gpus)
     changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-    changes.update({k: v for k, v in (("seq", seq), ("batch", batch), ("trainer", trainer)) if v is not None})
+    changes.update({k: v for k, v in (("seq", seq), ("batch", batch), ("trainer", trainer), ("versions", versions))
+                    if v is not None})
     if launch is not None:  # typed here: its relative paths are the current folder's
         changes.update(command=launch, command_dir=None)
     return replace(base, **changes)

@@ -23,6 +23,7 @@ from oomlab.core.errors import InvalidValueError, LaunchConflictError, UnknownNa
 from oomlab.core.models import ALL_LINEAR
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.user_input import shown
+from oomlab.core.versions import Versions
 from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import LaunchCommand, Launcher, expand_env
@@ -65,6 +66,7 @@ class LaunchInputs:
     seq: int | None = None  # ``check --seq N``: the sequence length, whatever the launch says
     batch: int | None = None  # ``check --batch N``: the micro-batch per GPU, whatever the launch says
     trainer: str | None = None  # ``check --trainer KIND``: the training loop, whatever the launch says
+    versions: Versions | None = None  # the user's releases (``check --versions``): TRL's defaults follow its release
 
     @property
     def given(self) -> bool:

@@ -261,7 +261,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         allowed = K.LAUNCHER_OPTIONS[cmd.launcher.value]
         unmodelled += [Unmodelled(flag_origin(k), v, "launcher option not modelled") for k, v in cmd.options
                        if k not in allowed and k != "--config_file"]
-        framework = read_framework(claims, cmd, inputs.command_dir, inputs.gpu)
+        framework = read_framework(claims, cmd, inputs)
         if framework is not None:  # LLaMA-Factory, axolotl, TRL: each runs the HF Trainer
             training_refs.update(framework.refs)
             for key, value in framework.launcher_refs.items():

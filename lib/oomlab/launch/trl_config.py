@@ -32,6 +32,7 @@ from oomlab.core.choices import Method, Precision, Reference, Trainer
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.user_input import shown
+from oomlab.core.versions import Release, Versions, installed_versions
 from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import LaunchCommand
@@ -52,6 +53,16 @@ _MERGE = "TrlParser.parse_args_and_config: flags replace the YAML, trl/scripts/u
 # the script (or trl subcommand) -> the trainer kind; RLOO generates and keeps a reference as GRPO does
 SCRIPTS = {"sft": Trainer.SFT, "dpo": Trainer.DPO, "orpo": Trainer.ORPO, "kto": Trainer.KTO, "grpo": Trainer.GRPO,
            "rloo": Trainer.GRPO, "ppo": Trainer.PPO, "reward": Trainer.REWARD}
+READ_RELEASE = (1, 16, 0)
+# TRL defaults that changed: the first release with each, its text and line at 1.16.0, and its line at that release
+# (git show v0.22.0:trl/trainer/sft_config.py, v0.19.0 ...); earlier releases keep transformers' own default
+_FACTS = {
+    "checkpointing": ((0, 22, 0), "gradient_checkpointing=True (trl/trainer/base_config.py:62-63)",
+                      "trl/trainer/sft_config.py:111-112, dpo_config.py:205-206 at v0.22.0"),
+    "bf16": ((0, 19, 0), "bf16 = not fp16 (trl/trainer/base_config.py:108)",
+             "trl/trainer/sft_config.py:252, dpo_config.py:441 at v0.19.0"),
+}
+DPO_MAX_LENGTH_SINCE = (0, 14, 0)  # DPOConfig max_length=1024 from v0.14.0 (None before: no bound oomlab can read)
 # each config's max_length default (None: the length is the prompt's plus the completion's, not bounded as one)
 MAX_LENGTH = {"sft": (1024, "sft_config.py:202-203"), "dpo": (1024, "dpo_config.py:195-196"),
               "kto": (1024, "kto_config.py:166-167"), "reward": (1024, "reward_config.py:144-145")}
@@ -82,8 +93,32 @@ _NOTED = {
 }
 
 
-def read_trl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gpu: str) -> FrameworkRead:
-    """Claims of a TRL script's flags and ``--config`` YAML, TRL's defaults where they say nothing."""
+def trl_release(versions: Versions | None) -> tuple[Release, str]:
+    """The TRL release whose defaults apply, and its label: the user's (``--versions trl==0.21.0``), else the
+    installed one, else :data:`VERSION`'s (TRL is not installed beside oomlab) -- each said so."""
+    versions = versions if versions is not None else installed_versions()
+    release = versions.release("trl")
+    if release is None:
+        return READ_RELEASE, VERSION
+    return release, f"TRL {'.'.join(map(str, release))} ({versions.origin('trl').value})"
+
+
+def _since(release: Release, fact: str) -> str | None:
+    """The origin text of a TRL default at ``release``: 1.16.0's line, or the release that introduced it (None:
+    ``release`` predates it, transformers' own default applies)."""
+    first, at_read, at_first = _FACTS[fact]
+    if release >= READ_RELEASE:
+        return at_read
+    if release >= first:
+        return f"{at_read.split(' (')[0]}, the default since TRL {'.'.join(map(str, first))} ({at_first})"
+    return None
+
+
+def read_trl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gpu: str,
+             versions: Versions | None = None) -> FrameworkRead:
+    """Claims of a TRL script's flags and ``--config`` YAML, TRL's defaults where they say nothing (at the release
+    :func:`trl_release` picks)."""
+    release, label = trl_release(versions)
     unmodelled: list[Unmodelled] = []
     script = trl_script(cmd) or "sft"
     named = cmd.flag("--config")
@@ -92,22 +127,23 @@ def read_trl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gpu: s
     refs = training_claims(claims, look, is_json=config is not None)
     origin = flag_origin(f"trl {script}") if cmd.launcher.value == "trl" else flag_origin(cmd.script)
     kind = SCRIPTS.get(script, Trainer.SFT)
-    read = FrameworkRead(Framework.TRL, VERSION, Sourced(kind, origin), refs=refs, unmodelled=unmodelled,
+    read = FrameworkRead(Framework.TRL, label, Sourced(kind, origin), refs=refs, unmodelled=unmodelled,
                          files=[] if config is None else [config.path])
-    say_default(claims, "checkpointing", True, VERSION, "gradient_checkpointing=True "
-                "(trl/trainer/base_config.py:62-63)")
-    fp16 = look("fp16")
-    if not (fp16[0] and bool_value(fp16[1], fp16[2])) and not look("bf16")[0]:
+    checkpointing = _since(release, "checkpointing")
+    if checkpointing is not None:
+        say_default(claims, "checkpointing", True, label, checkpointing)
+    fp16, bf16_default = look("fp16"), _since(release, "bf16")
+    if not (fp16[0] and bool_value(fp16[1], fp16[2])) and not look("bf16")[0] and bf16_default is not None:
         if not load_gpu(gpu).bf16:  # TrainingArguments refuses bf16 where the GPU lacks it
-            raise InvalidValueError(f"{VERSION} defaults to bf16 = not fp16 (trl/trainer/base_config.py:108), which "
-                                    f"the {gpu} lacks; the launch stops there: pass --fp16 (or --bf16 false)")
-        say_default(claims, "precision", Precision.BF16_MIXED, VERSION, "bf16 = not fp16 "
-                    "(trl/trainer/base_config.py:108)")
-    if script in MAX_LENGTH and not any(look(k)[0] for k in K.SEQ_KEYS):
+            raise InvalidValueError(f"{label} defaults to {bf16_default}, which the {gpu} lacks; the launch stops "
+                                    "there: pass --fp16 (or --bf16 false)")
+        say_default(claims, "precision", Precision.BF16_MIXED, label, bf16_default)
+    if script in MAX_LENGTH and not any(look(k)[0] for k in K.SEQ_KEYS) and \
+            (script != "dpo" or release >= DPO_MAX_LENGTH_SINCE):  # DPO before 0.14: max_length None
         value, where = MAX_LENGTH[script]
-        say_default(claims, "seq", value, VERSION, f"max_length={value} (trl/trainer/{where})")
+        say_default(claims, "seq", value, label, f"max_length={value} (trl/trainer/{where})")
     if not any(look(k)[0] for k in K.DTYPE_KEYS):  # the scripts load the model in ModelConfig.dtype
-        claims.say("load_dtype", "float32", default_origin(VERSION, "ModelConfig dtype='float32' "
+        claims.say("load_dtype", "float32", default_origin(label, "ModelConfig dtype='float32' "
                                                                     "(trl/trainer/model_config.py:89-90)"),
                    Strength.WEAK)
     peft = look("use_peft")
@@ -115,13 +151,13 @@ def read_trl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gpu: s
         for key, name, value, where in (("lora_r", "lora_rank", 16, "107-108"),
                                         ("lora_alpha", "lora_alpha", 32, "111-112")):
             if not look(key)[0]:
-                say_default(claims, name, value, VERSION, f"ModelConfig {key}={value} "
+                say_default(claims, name, value, label, f"ModelConfig {key}={value} "
                             f"(trl/trainer/model_config.py:{where})")
         if not look("lora_target_modules")[0]:
-            say_default(claims, "lora_targets", ("q_proj", "v_proj"), VERSION, "lora_target_modules=None: peft's "
+            say_default(claims, "lora_targets", ("q_proj", "v_proj"), label, "lora_target_modules=None: peft's "
                         "default for llama, mistral, qwen2, qwen3 (peft/utils/constants.py)")
     elif look("lora_r")[0] or look("lora_target_modules")[0]:
-        say_default(claims, "method", Method.FULL, VERSION, "use_peft=False (trl/trainer/model_config.py:103-104): "
+        say_default(claims, "method", Method.FULL, label, "use_peft=False (trl/trainer/model_config.py:103-104): "
                     "the lora_* flags are ignored")
     read.reference = _reference(look, kind)
     read.launcher_refs = _accelerate_config(claims, look)
@@ -170,5 +206,5 @@ def _unread(cmd: LaunchCommand, config: Any, look: Any, read_keys: tuple[str, ..
             continue
         hit = look(name)
         if hit[0]:
-            out.append(Unmodelled(hit[2], hit[1], _NOTED.get(name, f"{VERSION} key not modelled by oomlab")))
+            out.append(Unmodelled(hit[2], hit[1], _NOTED.get(name, "TRL key not modelled by oomlab")))
     return out
