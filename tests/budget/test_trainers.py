@@ -91,7 +91,7 @@ def test_fused_head_replaces_the_logits() -> None:
     dpo = trainer_estimate(_setup(trainer="dpo", reference="none", method="lora"))
     orpo = trainer_estimate(_setup(trainer="orpo", method="lora"))
     tokens, vocab = 2 * 2048, 32000
-    tile = min(tokens, TOKEN_TILE) * min(vocab, VOCAB_TILE) * 2
+    tile = min(tokens, TOKEN_TILE) * VOCAB_TILE * 2  # allocated 32768 wide whatever the vocabulary
     assert dpo.phases[Phase.FORWARD][MemCategory.LOGITS_LOSS] < orpo.phases[Phase.FORWARD][MemCategory.LOGITS_LOSS]
     assert orpo.phases[Phase.FORWARD][MemCategory.LOGITS_LOSS] > tokens * vocab * 4  # materialised
     assert dpo.phases[Phase.FORWARD][MemCategory.LOGITS_LOSS] > tile

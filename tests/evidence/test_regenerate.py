@@ -22,6 +22,7 @@ GENERATORS = {
     "deepspeed-measured": "docs/deepspeed-small-scale.md",
     "deepspeed-estimators": "docs/deepspeed-estimators.md",
     "margins": "lib/oomlab/data/margins.json",
+    "trainers": "docs/trainers-small-scale.md",
 }
 
 

@@ -167,7 +167,7 @@ def trainer_terms(setup: TrainingSetup) -> TrainerTerms:
 def fused_head_tensors(policy: TrainingSetup, t: StepTensors) -> StepTensors:
     """The policy's step tensors with transformers' loss replaced by TRL's ``ChunkedLogProbFunction``.
 
-    Forward: a ``min(N, 4096) × min(V, 32768)`` tile in the compute dtype (``mm_buf``), the hidden chunk and weight
+    Forward: a ``min(N, 4096) × 32768`` tile in the compute dtype (``mm_buf``), the hidden chunk and weight
     slice cast to it, and nine fp32 per-token vectors; saved: the hidden states (``last_hidden_state[:, :-1]``
     reshaped: a copy, in the stream's dtype; it replaces the lm_head input transformers' head saves) and ``log_z``.
     Backward: ``grad_hidden`` (fp32, ``N × H``), ``grad_weight`` (fp32, ``V × H``, when the head is trained), the
@@ -178,9 +178,11 @@ def fused_head_tensors(policy: TrainingSetup, t: StepTensors) -> StepTensors:
     n, h, v = act.tokens(policy), spec.hidden_size, spec.vocab_size
     compute = 4 if policy.precision is Precision.FP32 else 2
     hidden = act.stream_bytes(policy)
-    rows, cols = min(n, TOKEN_TILE), min(v, VOCAB_TILE)
+    # mm_buf is allocated (min(N, 4096), chunk_size) whatever the vocabulary (chunked_logprob.py :347, :413): a
+    # vocabulary under 32768 columns fills part of it
+    rows, cols = min(n, TOKEN_TILE), VOCAB_TILE
     casts = (rows * h * compute if hidden != compute else 0) \
-        + (cols * h * compute if states.param_bytes(policy) != compute else 0)
+        + (min(v, cols) * h * compute if states.param_bytes(policy) != compute else 0)
     forward = rows * cols * compute + casts + FUSED_VECTORS * 4 * n
     full = policy.method is Method.FULL
     head_input = n * h * (4 if policy.precision is Precision.FP32 else 2) if full else 0  # in layer_activations

@@ -60,6 +60,10 @@ GENERATORS: tuple[Generator, ...] = (
     Generator("small-scale", "small_scale",
               "Train the tiny setups for real on CPU (two steps each) and set the analytic budget beside each.",
               ("docs/small-scale-measured.md",), "about five minutes"),
+    Generator("trainers", "trainers",
+              "Train the tiny DPO cases with TRL's own DPOTrainer on CPU (two steps each; needs trl and datasets "
+              "installed) and set the trainers' analytic budget beside each.",
+              ("docs/trainers-small-scale.md",), "about two minutes"),
     Generator("families", "families",
               "Budget and trace every family's spec (cut to a few layers at full width) and train each family's "
               "tiny config for two real CPU steps; traces cached under outputs/cache.",
