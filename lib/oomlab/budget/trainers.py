@@ -2,21 +2,23 @@
 the SFT step of :mod:`.inventory` -- the policy's step over the sequences its forward carries, a frozen reference
 model, the reward and value models, generation's KV cache -- each term with the TRL source line it comes from.
 
-Read against TRL 1.16.0 (``pip install trl==1.16.0``; PPO was removed from TRL 1.x, read at 0.29):
+Read against TRL 1.16.0 (``pip install trl==1.16.0``; PPO was removed from TRL 1.x, read at 0.29).  NB: TRL's
+configs default to ``bf16=True`` (``trl/trainer/base_config.py`` :108): a TRL run is ``bf16-mixed`` unless it says.
 
 - **DPO** (``trl/trainer/dpo_trainer.py``): chosen and rejected are one batch, ``torch.cat`` of the two
   (``_collate`` :349-352), so the policy's forward carries ``2 × batch`` sequences; the loss runs the model with
-  ``fused_lm_head=True`` (:1301), TRL's chunked log-prob head (``trl/trainer/utils.py`` ``add_fused_lm_head``,
-  ``trl/kernels/chunked_logprob.py`` ``ChunkedLogProbFunction``): no ``(tokens × vocab)`` logits, a tile of
-  ``4096 × 32768`` instead (:func:`fused_head_tensors`).  The reference: none with a peft model (``use_adapter(model,
+  ``fused_lm_head=True`` (:1299), TRL's chunked log-prob head (``trl/trainer/utils.py`` ``add_fused_lm_head``,
+  ``trl/kernels/chunked_logprob.py`` ``ChunkedLogProbFunction``): no ``(tokens × vocab)`` logits, a
+  ``min(tokens, 4096) × 32768`` buffer instead, whatever the vocabulary (:func:`fused_head_tensors`).  The reference:
+  none with a peft model (``use_adapter(model,
   None)`` disables the adapters: the base serves, :1328-1336) or with ``precompute_ref_log_probs`` (:909-914), else
   ``create_model_from_path(..., dtype=self.model.dtype)`` (:915-927: a second copy in the policy's dtype as loaded),
   prepared by ``prepare_deepspeed`` / ``prepare_fsdp`` / ``prepare_model(evaluation_mode=True)`` (:984-990): no
   gradients, no optimizer state.  Its forward runs after the policy's, under ``torch.no_grad()`` (:1327).
-- **KTO** (``trl/trainer/kto_trainer.py``): unpaired, ``batch`` sequences with gradients (its KL batch runs under
-  ``no_grad``, :1306), the same reference rule (:1299), the fused head (:1498).
-- **ORPO** (``trl/experimental/orpo/orpo_trainer.py`` ``concatenated_forward`` :745-780): no reference, chosen and
-  rejected concatenated, the logits materialised (``all_logits = outputs.logits``) as transformers' loss has them.
+- **KTO** (``trl/trainer/kto_trainer.py``): unpaired, ``batch`` sequences with gradients (:1397; its KL batch runs
+  under ``no_grad``, :1364-1365), the same reference rule (:920-925), the fused head.
+- **ORPO** (``trl/experimental/orpo/orpo_trainer.py`` ``concatenated_forward`` :745, ``all_logits`` :777): no
+  reference, chosen and rejected concatenated, the logits materialised as transformers' loss has them.
 - **GRPO** (``trl/trainer/grpo_trainer.py``, ``grpo_config.py``): ``beta`` defaults to ``0.0`` (:681-687) and then
   no reference model is loaded (:984-986); ``per_device_train_batch_size`` counts completions; generation
   (``unwrapped_model.generate`` :1873, ``torch.no_grad``) holds the KV cache of every completion at full length
@@ -137,9 +139,11 @@ def trainer_terms(setup: TrainingSetup) -> TrainerTerms:
     elif runs_reference(setup):
         lines.append("reference model: peft's adapter-disabled base serves, no second copy (dpo_trainer.py "
                      ":1328-1336)")
+    elif t is Trainer.GRPO:
+        lines.append("reference model: none (beta=0.0, GRPOConfig's default: grpo_trainer.py :984-986)")
     elif t in REFERENCE_BY_DEFAULT or setup.reference is Reference.NONE:
         lines.append("reference model: none resident (precompute_ref_log_probs: one extra pass over the data before "
-                     "training; GRPO: beta=0.0)")
+                     "training computes the reference log-probabilities)")
     reward = value = value_gradients = 0
     if t is Trainer.PPO:
         reward = frozen_copy_bytes(setup)
