@@ -131,3 +131,23 @@ def test_cli_bad_versions_exit_2_naming_the_value(capsys, value: str, shown: str
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --versions:" in err and shown in err
+
+
+def test_versions_travel_through_the_setup_record() -> None:
+    """The runner's setup record keeps the user's pins (the notebooks budget the same releases)."""
+    from oomlab.launch.record import setup_of, setup_record
+
+    s = make_setup("llama-2-7b", versions="transformers==4.31.0,bitsandbytes==0.41.1")
+    assert setup_of(setup_record(s)).versions == s.versions
+
+
+def test_pipeline_parameter_is_canonical_pins(tmp_path) -> None:
+    """The pipeline's ``versions``: pins or a freeze file, validated into canonical pins; a bad one is refused."""
+    from oomlab.pipeline.params import PARAMETERS
+
+    canonical = PARAMETERS["versions"].canonical
+    assert canonical("transformers==4.31.0+local, torch==2.0.1") == "torch==2.0.1,transformers==4.31.0"
+    (tmp_path / "freeze.txt").write_text("peft==0.7.1\n")
+    assert canonical(str(tmp_path / "freeze.txt")) == "peft==0.7.1"
+    with pytest.raises(InvalidValueError, match="invalid version 'x' for peft"):
+        canonical("peft==x")

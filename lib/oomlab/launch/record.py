@@ -19,6 +19,7 @@ from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ModelSpec, known_models, load_model, model_from_config
 from oomlab.core.setup import TrainingSetup, validate
 from oomlab.core.user_input import read_user_text
+from oomlab.core.versions import versions_from
 from oomlab.launch.command import LaunchCommand, Launcher
 from oomlab.launch.origin import Origin, OriginKind, Sourced, Unmodelled
 from oomlab.launch.read import UserLaunch
@@ -47,7 +48,9 @@ def setup_record(setup: TrainingSetup) -> dict[str, Any]:
     return {"model": _model_record(setup.model), "gpu": setup.gpu.name, "gpus": setup.gpus, "nodes": setup.nodes,
             **{name: getattr(setup, name).value for name in _CHOICES},
             "batch": setup.batch, "seq": setup.seq, "checkpointing": setup.checkpointing,
-            "lora_rank": setup.lora_rank, "lora_alpha": setup.lora_alpha, "lora_targets": list(setup.lora_targets)}
+            "lora_rank": setup.lora_rank, "lora_alpha": setup.lora_alpha, "lora_targets": list(setup.lora_targets),
+            # the user's pins only (the installed releases are the reading machine's, as when the setup was made)
+            "versions": {name: ".".join(map(str, release)) for name, release in setup.versions.given}}
 
 
 def setup_of(record: dict[str, Any]) -> TrainingSetup:
@@ -57,7 +60,8 @@ def setup_of(record: dict[str, Any]) -> TrainingSetup:
         **{name: choice(kind, record.get(name, kind.__members__[next(iter(kind.__members__))].value), name)
            for name, kind in _CHOICES.items()},  # a record written before trainer / reference: their first member
         batch=record["batch"], seq=record["seq"], checkpointing=record["checkpointing"],
-        lora_rank=record["lora_rank"], lora_alpha=record["lora_alpha"], lora_targets=tuple(record["lora_targets"])))
+        lora_rank=record["lora_rank"], lora_alpha=record["lora_alpha"], lora_targets=tuple(record["lora_targets"]),
+        versions=versions_from(record.get("versions", {}))))
 
 
 def _origin_of(d: dict[str, Any]) -> Origin:

@@ -4,6 +4,7 @@ parameters, each field stated as an assumption (its default) or as given (``-p``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from oomlab.core.choices import Strategy
@@ -28,11 +29,15 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
         inputs = inputs_from_dir(folder, gpu=params["gpu"], gpus=params["gpus"])
         if inputs.model is None:
             inputs = type(inputs)(**{**inputs.__dict__, "model": params["model"]})
-        return read_launch(inputs)
+        launch = read_launch(inputs)
+        if params.get("versions"):  # the files say nothing of the releases: the parameter does
+            launch = replace(launch, setup=launch.setup.with_(versions=params["versions"]))
+        return launch
     defaults = defaults or {}
     spec = load_model(params["model"])
     values = {name: params[name] for name in PARAM_FIELDS}
-    setup = make_setup(model=spec, gpu=params["gpu"], **values)  # ddp on one GPU is single: launch_strategy
+    # ddp on one GPU is single: launch_strategy
+    setup = make_setup(model=spec, gpu=params["gpu"], versions=params.get("versions"), **values)
     one_process = setup.strategy.value != values["strategy"]
     fields: dict[str, Sourced] = {}
     for name in ("model", *PARAM_FIELDS):

@@ -22,6 +22,7 @@ from oomlab.core.prices import HOST_RAM_AUTO, seed_machine_text
 from oomlab.core.setup import MAX_GPUS_PER_NODE
 from oomlab.core.units import MiB, format_size, parse_memory_size
 from oomlab.core.user_input import MAX_INT_DIGITS, SHOWN_CHARS, load_user_yaml, read_user_text, shown
+from oomlab.core.versions import versions_from
 
 if TYPE_CHECKING:
     from oomlab.launch.read import UserLaunch
@@ -56,6 +57,12 @@ def _model(value: str) -> str:
     """A shipped name as is; a config.json's path absolute (the notebooks run in their own folder)."""
     name = load_model(value).name
     return name if name in known_models() else str(Path(name).expanduser().resolve())
+
+
+def _versions(value: str) -> str:
+    """The user's releases as canonical pins (a pip freeze file read here: the notebooks get its pins)."""
+    pins = versions_from(value).given
+    return ",".join(f"{name}=={'.'.join(map(str, release))}" for name, release in pins)
 
 
 def _launch_dir(value: str) -> str:
@@ -117,6 +124,9 @@ PARAMETERS: dict[str, Param] = {
               f"with these GPUs (in specs/prices.json), else {seed_machine_text(sentence=False)}",
               canonical=lambda v: v if str(v).strip().lower() == HOST_RAM_AUTO else (parse_memory_size(v), v)[1]),
         Param("trace", bool, True, "also trace setups with PyTorch's MemTracker (seconds each, cached)"),
+        Param("versions", str, None, "the releases the user's run uses: name==release pins, comma-separated "
+              "(torch==2.0.1,transformers==4.31.0), or a pip freeze file; none: the installed ones",
+              canonical=_versions),
     )
 }
 
