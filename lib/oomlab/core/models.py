@@ -419,7 +419,8 @@ def _legacy_rope(family: Family, raw: dict[str, Any]) -> dict[str, Any]:
     transformers 5 renames it ``"longrope"`` (``models/phi3/configuration_phi3.py:100-103``) only after validating the
     parameters as LongRoPE's without the top-level ``original_max_position_embeddings`` (a ``KeyError`` in
     ``modeling_rope_utils.py`` ``_check_received_keys``); transformers 4.x ran it.  The rotary scaling moves no
-    memory: the fields are read with ``"longrope"`` (a copy; the file is not changed)."""
+    memory: the spec carries a copy of the fields with ``"longrope"`` (every later build reads it; the file is not
+    changed)."""
     scaling = raw.get("rope_scaling")
     if family is not Family.PHI3 or not isinstance(scaling, Mapping) or scaling.get("type") != "su":
         return raw
