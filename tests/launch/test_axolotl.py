@@ -139,3 +139,14 @@ def test_check_gives_a_verdict_end_to_end() -> None:
     r = check(launch_dir=str(FIXTURE), model="llama-3.1-8b", gpu="t4")
     assert r.to_dict()["verdict"] == "does not fit" and r.fails_at is FailsAt.STEP
     assert r.per_gpu_peak_bytes > r.launch.setup.gpu.total_memory_bytes
+
+
+def test_deepspeed_json_named_by_the_yaml(tmp_path: Path) -> None:
+    """deepspeed: zero2.json in the YAML is read (relative to the command's folder): ZeRO-2, micro-batch from the
+    YAML filling the JSON's "auto"."""
+    (tmp_path / "zero2.json").write_text('{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": '
+                                         '"auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"}}')
+    yaml = _yaml(tmp_path, "deepspeed: zero2.json\nmicro_batch_size: 2\ngradient_accumulation_steps: 4\n")
+    launch = read_launch(LaunchInputs(command=f"axolotl train {yaml}", model="llama-3.1-8b", gpu="a100-80gb",
+                                      gpus=4, command_dir=str(tmp_path)))
+    assert (launch.setup.strategy, launch.setup.batch, launch.fields["accumulation"].value) == (Strategy.ZERO2, 2, 4)

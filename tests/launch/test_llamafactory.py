@@ -160,3 +160,16 @@ def test_check_gives_a_verdict_end_to_end() -> None:
     assert worse.smallest_fix is not None
     assert worse.smallest_fix.launch.startswith("llamafactory-cli train qwen3_lora_sft.yaml ")
     assert "--max_seq_length" not in worse.smallest_fix.launch  # LLaMA-Factory's own key=value, not a foreign flag
+
+
+def test_deepspeed_json_named_by_the_yaml(tmp_path: Path) -> None:
+    """deepspeed: ds_z3_config.json in the YAML (as examples/train_lora/qwen3_lora_sft_ds3.yaml names one) is read
+    beside the command: ZeRO-3 from the JSON's stage, over NPROC_PER_NODE processes."""
+    (tmp_path / "ds_z3_config.json").write_text('{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}, '
+                                                '"train_micro_batch_size_per_gpu": "auto"}')
+    (tmp_path / "sft.yaml").write_text(YAML.read_text() + "deepspeed: ds_z3_config.json\n")
+    (tmp_path / "launch.txt").write_text("NPROC_PER_NODE=2 llamafactory-cli train sft.yaml\n")
+    launch = read_launch(check_inputs(launch_dir=tmp_path, model="qwen3-8b", gpu="a10g"))
+    assert (launch.setup.strategy, launch.setup.gpus, launch.setup.precision) == (Strategy.ZERO3, 2,
+                                                                                  Precision.BF16_MIXED)
+    assert str(launch.fields["strategy"].origin).endswith("ds_z3_config.json:1 zero_optimization.stage")
