@@ -173,3 +173,15 @@ def test_deepspeed_json_named_by_the_yaml(tmp_path: Path) -> None:
     assert (launch.setup.strategy, launch.setup.gpus, launch.setup.precision) == (Strategy.ZERO3, 2,
                                                                                   Precision.BF16_MIXED)
     assert str(launch.fields["strategy"].origin).endswith("ds_z3_config.json:1 zero_optimization.stage")
+
+
+@pytest.mark.parametrize("flags, on", [
+    ("--gradient_checkpointing false", True),  # the Trainer's flag cannot switch LLaMA-Factory's off
+    ("--disable_gradient_checkpointing", False),
+    ("--disable_gradient_checkpointing --gradient_checkpointing", True),  # the Trainer switches it on anyway
+])
+def test_checkpointing_as_llamafactory_decides(flags: str, on: bool) -> None:
+    """Checkpointing is on unless disable_gradient_checkpointing, and then only the Trainer's own flag enables it."""
+    launch = read_launch(LaunchInputs(command=f"llamafactory-cli train --model_name_or_path x {flags}",
+                                      model="qwen3-8b", gpu="a10g"))
+    assert launch.fields["checkpointing"].value is on

@@ -52,9 +52,9 @@ METHODS = {"lora": Method.LORA, "full": Method.FULL}
 ATTENTION = {"disabled": Attention.EAGER, "sdpa": Attention.SDPA, "fa2": Attention.SDPA, "fa3": Attention.SDPA}
 
 # LLaMA-Factory's own keys that enter the setup
-KEYS = frozenset({"stage", "finetuning_type", "lora_rank", "lora_alpha", "lora_target", "cutoff_len",
-                  "quantization_bit", "quantization_method", "flash_attn", "disable_gradient_checkpointing",
-                  "pure_bf16", "pref_loss"})
+KEYS = frozenset({*K.CHECKPOINTING_KEYS, "stage", "finetuning_type", "lora_rank", "lora_alpha", "lora_target",
+                  "cutoff_len", "quantization_bit", "quantization_method", "flash_attn",
+                  "disable_gradient_checkpointing", "pure_bf16", "pref_loss"})
 # read, and said why they are not budgeted apart
 _NOTED = {
     "packing": "packed sequences fill cutoff_len: the budget takes every sequence at cutoff_len either way",
@@ -71,7 +71,9 @@ def read_llamafactory(claims: Claims, cmd: LaunchCommand, command_dir: str | Non
     unmodelled: list[Unmodelled] = []
     config = config_file(command_dir, cmd.config)
     look = layered_lookup(cmd, config, unmodelled, _MERGE)
-    refs = training_claims(claims, look, is_json=config is not None)
+    # the Trainer's gradient_checkpointing can switch checkpointing on, never off: LLaMA-Factory enables it itself
+    refs = training_claims(claims, lambda key: (False, None, look(key)[2]) if key in K.CHECKPOINTING_KEYS
+                           else look(key), is_json=config is not None)
     read = FrameworkRead(Framework.LLAMAFACTORY, VERSION, _trainer(look), refs=refs, unmodelled=unmodelled,
                          files=[] if config is None else [config.path])
     _method(claims, look)
@@ -79,8 +81,10 @@ def read_llamafactory(claims: Claims, cmd: LaunchCommand, command_dir: str | Non
     hit = look("cutoff_len")
     if not hit[0]:
         say_default(claims, "seq", 2048, VERSION, "cutoff_len=2048 (hparams/data_args.py:46-47)")
-    hit = look("disable_gradient_checkpointing")
-    if hit[0]:
+    hit, trainer_on = look("disable_gradient_checkpointing"), _trainer_checkpointing(look)
+    if trainer_on is not None:
+        claims.say("checkpointing", True, trainer_on)
+    elif hit[0]:
         claims.say("checkpointing", not bool_value(hit[1], hit[2]), hit[2])
     else:
         say_default(claims, "checkpointing", True, VERSION, "gradient checkpointing on unless "
@@ -107,6 +111,16 @@ def read_llamafactory(claims: Claims, cmd: LaunchCommand, command_dir: str | Non
         claims.say("quantization", bits, hit[2])
     read.unmodelled += _unread(cmd, config, look)
     return read
+
+
+def _trainer_checkpointing(look: Any) -> Any:
+    """The origin of a TrainingArguments ``gradient_checkpointing`` that is on (the Trainer enables it whatever
+    ``disable_gradient_checkpointing`` says); None where it is off or not given."""
+    for key in K.CHECKPOINTING_KEYS:
+        hit = look(key)
+        if hit[0] and bool_value(hit[1], hit[2]):
+            return hit[2]
+    return None
 
 
 def _trainer(look: Any) -> Sourced:
