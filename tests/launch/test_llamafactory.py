@@ -1,12 +1,13 @@
 """LLaMA-Factory's launch read (oomlab.launch.llamafactory): its example YAML and its flags, every decisive field
 with its origin, its defaults cited at v0.9.5, and check's verdict on them."""
 
+import os
 from pathlib import Path
 
 import pytest
 
 from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, Trainer
-from oomlab.core.errors import InvalidValueError, UnknownNameError
+from oomlab.core.errors import InvalidValueError, LaunchFileError, UnknownNameError
 from oomlab.launch.check import check
 from oomlab.launch.command import Launcher
 from oomlab.launch.inputs import check_inputs
@@ -185,3 +186,16 @@ def test_checkpointing_as_llamafactory_decides(flags: str, on: bool) -> None:
     launch = read_launch(LaunchInputs(command=f"llamafactory-cli train --model_name_or_path x {flags}",
                                       model="qwen3-8b", gpu="a10g"))
     assert launch.fields["checkpointing"].value is on
+
+
+def test_the_yaml_is_read_bounded(tmp_path: Path) -> None:
+    """The config is read as every launch file: a YAML alias (the seed of an alias bomb) and a FIFO are refused
+    naming the file, never expanded or waited on."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [1, 2]\nb: [*a, *a]\n")
+    with pytest.raises(LaunchFileError, match="bomb.yaml"):
+        read_launch(LaunchInputs(command=f"llamafactory-cli train {bomb}", model="qwen3-8b", gpu="a10g"))
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(LaunchFileError, match="fifo.yaml"):
+        read_launch(LaunchInputs(command=f"axolotl train {fifo}", model="qwen3-8b", gpu="a10g"))
