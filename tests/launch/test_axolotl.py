@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, Trainer
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.launch.check import FailsAt, check
 from oomlab.launch.command import Launcher
@@ -150,3 +150,15 @@ def test_deepspeed_json_named_by_the_yaml(tmp_path: Path) -> None:
     launch = read_launch(LaunchInputs(command=f"axolotl train {yaml}", model="llama-3.1-8b", gpu="a100-80gb",
                                       gpus=4, command_dir=str(tmp_path)))
     assert (launch.setup.strategy, launch.setup.batch, launch.fields["accumulation"].value) == (Strategy.ZERO2, 2, 4)
+
+
+@pytest.mark.parametrize("text, reference", [
+    ("rl: grpo\ntrl:\n  beta: 0.04\n", Reference.RESIDENT),
+    ("rl: grpo\ntrl:\n  beta: 0.0\n", Reference.NONE),
+    ("rl: grpo\n", Reference.DEFAULT),  # TRL's GRPO default beta 0: the budget's default rule
+])
+def test_grpo_reference_from_trl_beta(tmp_path: Path, text: str, reference: Reference) -> None:
+    """axolotl's trl.beta decides whether GRPO keeps a reference model."""
+    launch = read_launch(LaunchInputs(command=f"axolotl train {_yaml(tmp_path, text)}", model="llama-3.1-8b",
+                                      gpu="a100-80gb", gpus=1))
+    assert launch.setup.reference is reference

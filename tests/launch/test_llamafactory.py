@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy, Trainer
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError, LaunchFileError, UnknownNameError
 from oomlab.launch.check import check
 from oomlab.launch.command import Launcher
@@ -199,3 +199,11 @@ def test_the_yaml_is_read_bounded(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(LaunchFileError, match="fifo.yaml"):
         read_launch(LaunchInputs(command=f"axolotl train {fifo}", model="qwen3-8b", gpu="a10g"))
+
+
+def test_a_separate_reference_model_is_resident() -> None:
+    """stage dpo with ref_model: LLaMA-Factory loads that model frozen beside the trained one."""
+    launch = read_launch(LaunchInputs(command="llamafactory-cli train --model_name_or_path x --stage dpo "
+                                      "--ref_model y", model="qwen3-8b", gpu="a10g"))
+    assert (launch.setup.trainer, launch.setup.reference) == (Trainer.DPO, Reference.RESIDENT)
+    assert str(launch.fields["reference"].origin) == "flag --ref_model y"

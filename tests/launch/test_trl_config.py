@@ -140,3 +140,9 @@ def test_defaults_follow_the_release_given() -> None:
     assert old["seq"].origin.kind is OriginKind.ASSUMED and old["precision"].value is Precision.FP32
     new = _read(command, gpus=1).fields  # TRL not installed here: the release read, 1.16.0
     assert new["checkpointing"].value is True and str(new["checkpointing"].origin).startswith("default of TRL 1.16.0")
+
+
+def test_a_beta_that_is_no_number_is_refused() -> None:
+    """GRPO's --beta nan is refused naming the flag and the value."""
+    with pytest.raises(InvalidValueError, match="flag --beta nan: expected a number, got 'nan'"):
+        _read("trl grpo --model_name_or_path x --beta nan", gpus=1)

@@ -24,14 +24,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from oomlab.core.choices import Method, Optimizer, Precision, Trainer
+from oomlab.core.choices import Method, Optimizer, Precision, Reference, Trainer
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ALL_LINEAR
 from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims
 from oomlab.launch.command import LaunchCommand
-from oomlab.launch.framework import Framework, FrameworkRead, config_file, layered_lookup, say_default
+from oomlab.launch.framework import (
+    Framework,
+    FrameworkRead,
+    config_file,
+    layered_lookup,
+    number_of,
+    say_default,
+)
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, default_origin
 from oomlab.launch.read import (
     MAX_BATCH,
@@ -55,7 +62,7 @@ KEYS = frozenset({
     "base_model", "adapter", "load_in_4bit", "load_in_8bit", "lora_r", "lora_alpha", "lora_target_modules",
     "lora_target_linear", "sequence_len", "micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
     "deepspeed", "fsdp", "fsdp_version", "optimizer", "bf16", "fp16", "flash_attention", "sdp_attention",
-    "attn_implementation", "rl",
+    "attn_implementation", "rl", "trl.beta",
     *(f"fsdp_config.{k}" for k in ("fsdp_version", "version", "offload_params", "fsdp_offload_params",
                                    "activation_checkpointing", "fsdp_activation_checkpointing")),
 })
@@ -110,6 +117,9 @@ def read_axolotl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gp
                                     "name it (deepspeed: zero2.json)")
         read.refs["deepspeed"] = hit
     read.refs.update(_fsdp(claims, look))
+    beta = look("trl.beta")
+    if read.trainer.value is Trainer.GRPO and beta[0] and beta[1] is not None:  # TRL's GRPO: beta 0 loads none
+        read.reference = Sourced(Reference.RESIDENT if number_of(beta[1], beta[2]) > 0 else Reference.NONE, beta[2])
     read.unmodelled += _unread(config, look)
     return read
 

@@ -8,10 +8,13 @@ The readers themselves: :mod:`.llamafactory`, :mod:`.axolotl`, :mod:`.trl_config
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oomlab.core.errors import InvalidValueError
+from oomlab.core.user_input import shown
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import LaunchCommand, Launcher
 from oomlab.launch.files import LaunchFile, read_file
@@ -106,3 +109,14 @@ def say_default(claims: Claims, name: str, value: Any, version: str, what: str) 
     """A framework's default for a field nobody stated (it gives way to any statement, and wins over transformers'
     own defaults: :func:`oomlab.launch.resolve.read_launch` says those only where no default is said)."""
     claims.say(name, value, default_origin(version, what), Strength.DEFAULT)
+
+
+def number_of(value: Any, origin: Origin) -> float:
+    """A finite number the user states (GRPO's ``beta``), refused naming ``origin`` and the value otherwise."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise InvalidValueError(f"{origin}: expected a number, got {shown(value)}")
+    return number

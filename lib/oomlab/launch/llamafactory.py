@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oomlab.core.choices import Attention, Method, Precision, Trainer
+from oomlab.core.choices import Attention, Method, Precision, Reference, Trainer
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.models import ALL_LINEAR
 from oomlab.launch import keys as K
@@ -59,8 +59,8 @@ KEYS = frozenset({*K.CHECKPOINTING_KEYS, "stage", "finetuning_type", "lora_rank"
 _NOTED = {
     "packing": "packed sequences fill cutoff_len: the budget takes every sequence at cutoff_len either way",
     "neat_packing": "packing without cross-attention: the budget takes every sequence at cutoff_len either way",
-    "ref_model": "a separate reference model's size is not budgeted apart: the trainer kind's budget holds a copy "
-                 "of the trained model",
+    "ref_model": "a separate reference model: budgeted as a frozen copy of the trained model (its own size is not "
+                 "read)",
     "reward_model": "a separate reward model's size is not budgeted apart: the trainer kind's budget holds a copy of "
                     "the trained model",
 }
@@ -109,6 +109,9 @@ def read_llamafactory(claims: Claims, cmd: LaunchCommand, command_dir: str | Non
             raise InvalidValueError(f"{hit[2]}: quantization_bit {bits} is not budgeted; oomlab budgets 4 "
                                     "(bitsandbytes NF4) and refuses 8 with its reason")
         claims.say("quantization", bits, hit[2])
+    ref = look("ref_model")
+    if ref[0] and ref[1] and read.trainer.value in (Trainer.DPO, Trainer.KTO):  # a separate model, loaded frozen
+        read.reference = Sourced(Reference.RESIDENT, ref[2])
     read.unmodelled += _unread(cmd, config, look)
     return read
 

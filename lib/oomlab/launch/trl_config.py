@@ -31,7 +31,6 @@ from typing import Any
 from oomlab.core.choices import Method, Precision, Reference, Trainer
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import load_gpu
-from oomlab.core.user_input import shown
 from oomlab.core.versions import Release, Versions, installed_versions
 from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims, Strength
@@ -41,6 +40,7 @@ from oomlab.launch.framework import (
     FrameworkRead,
     config_file,
     layered_lookup,
+    number_of,
     say_default,
     trl_script,
 )
@@ -172,11 +172,7 @@ def _reference(look: Any, kind: Trainer) -> Sourced | None:
         return Sourced(Reference.NONE, hit[2])
     hit = look("beta")
     if kind is Trainer.GRPO and hit[0] and hit[1] is not None:
-        try:
-            beta = float(hit[1])
-        except ValueError as err:
-            raise InvalidValueError(f"{hit[2]}: expected a number, got {shown(hit[1])}") from err
-        return Sourced(Reference.RESIDENT if beta > 0 else Reference.NONE, hit[2])
+        return Sourced(Reference.RESIDENT if number_of(hit[1], hit[2]) > 0 else Reference.NONE, hit[2])
     return None
 
 
