@@ -42,6 +42,9 @@ from oomlab.evidence.published_rows import (
 __all__ = ["compare", "compare_all", "regenerate", "render_markdown", "summarize"]
 
 PUBLISHED_DOC = REPO_ROOT / "docs" / "published-measurements.md"
+TRUSTED = (Reliability.HIGH, Reliability.MEDIUM)
+# issue 24's targets: QLoRA rows' median |error|, every high/medium-reliability row's |error|, MoE QLoRA rows' |error|
+QLORA_MEDIAN_TARGET, TRUSTED_TARGET, MOE_QLORA_TARGET = 0.10, 0.15, 0.15
 REGENERATE = ".venv/bin/python -m oomlab.evidence published"
 
 
@@ -152,6 +155,8 @@ def summaries(comparisons: Sequence[Comparison]) -> list[ErrorSummary]:
     groups = [
         ("all estimated rows", lambda c: True),
         ("high-reliability rows", lambda c: c.row.reliability is Reliability.HIGH),
+        ("high- and medium-reliability rows", lambda c: c.row.reliability in TRUSTED),
+        ("QLoRA rows", lambda c: c.row.setup_kwargs["method"] == "qlora"),
         ("modelled rows (no first-order feature missing)", lambda c: c.row.coverage is Coverage.MODELLED),
         ("fixed-length rows", lambda c: c.row.length is Length.FIXED),
         *((f"source {s}", lambda c, s=s: c.row.source == s) for s in SOURCE_PREFIXES),
@@ -277,7 +282,67 @@ def _gap_lines(comparisons: Sequence[Comparison], secondary: Sequence[SecondaryC
         f"figure at seq 1 with foreach AdamW ({format_size(_figure_at(base.row, base.figure, 1))}: weights, "
         f"gradients, state and the foreach temporary); with fused AdamW the floor would be {format_size(fused)}, "
         "so the run likely stepped without the temporary. Its 4,096-token bound says nothing of Alpaca's lengths.",
+        _upcast_line(comparisons),
     ]
+
+
+def _is_moe(c: Comparison) -> bool:
+    return c.result is not None and any(layout.experts for layout in c.result.setup.model.layer_layouts)
+
+
+def target_lines(comparisons: Sequence[Comparison]) -> list[str]:
+    """Issue 24's targets, each with whether today's rows meet it and the rows that do not."""
+    counted = [c for c in comparisons if c.error is not None and c.row.reliability is not Reliability.SUSPECT]
+    qlora = [c for c in counted if c.row.setup_kwargs["method"] == "qlora"]
+    trusted_over = [c for c in counted if c.row.reliability in TRUSTED and abs(c.error) > TRUSTED_TARGET]
+    moe = [c for c in qlora if _is_moe(c)]
+    median = statistics.median(abs(c.error) for c in qlora) if qlora else None
+    moe_ok = all(abs(c.error) <= MOE_QLORA_TARGET for c in moe)
+    trusted_qlora = [c for c in qlora if c.row.reliability in TRUSTED]
+    trusted_median = statistics.median(abs(c.error) for c in trusted_qlora) if trusted_qlora else None
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "**not met**"
+
+    def over(rows: Sequence[Comparison]) -> str:
+        return "; ".join(f"{c.row.id} {_pct(c.error)}" for c in rows) or "none"
+
+    moe_status = met(moe_ok) if moe else "**not assessed**: no published MoE QLoRA peak with its settings yet"
+    return [
+        "| target | today | status | rows outside it |", "|---|---|---|---|",
+        f"| QLoRA rows: median abs. error ≤ {QLORA_MEDIAN_TARGET:.0%} | "
+        f"{'-' if median is None else f'{median:.1%}'} of {len(qlora)} | "
+        f"{met(median is not None and median <= QLORA_MEDIAN_TARGET)} | "
+        f"{over([c for c in qlora if abs(c.error) > QLORA_MEDIAN_TARGET])} |",
+        f"| ... the high/medium-reliability QLoRA rows only | "
+        f"{'-' if trusted_median is None else f'{trusted_median:.1%}'} of {len(trusted_qlora)} | "
+        f"{met(trusted_median is not None and trusted_median <= QLORA_MEDIAN_TARGET)} | "
+        f"{over([c for c in trusted_qlora if abs(c.error) > QLORA_MEDIAN_TARGET])} |",
+        f"| every high/medium-reliability row within {TRUSTED_TARGET:.0%} | "
+        f"{len(trusted_over)} of {sum(c.row.reliability in TRUSTED for c in counted)} outside | "
+        f"{met(not trusted_over)} | {over(trusted_over)} |",
+        f"| MoE QLoRA rows within {MOE_QLORA_TARGET:.0%} at the versions they ran | {len(moe)} rows | "
+        f"{moe_status} | "
+        f"{over([c for c in moe if abs(c.error) > MOE_QLORA_TARGET])} |",
+    ]
+
+
+def _stack(row: PublishedRow) -> str:
+    given = row.setup_kwargs.get("versions") or {}
+    return ", ".join(f"{name} {release}" for name, release in sorted(given.items())) or "installed"
+
+
+def _upcast_line(comparisons: Sequence[Comparison]) -> str:
+    """The HF + peft QLoRA rows with and without peft's fp32 upcast (the same rows estimated before peft 0.4.0)."""
+    rows = [c for c in comparisons if c.error is not None and c.row.source == "unsloth-readme-hf-fa2"]
+    without = [figure_bytes(estimate(**{**c.row.setup_kwargs, "versions": {**c.row.setup_kwargs["versions"],
+                                                                            "peft": "0.3.0"}}), c.figure)
+               / c.row.value_bytes - 1 for c in rows]
+    return (f"7. **QLoRA as peft prepares it.** The one Hugging Face + peft QLoRA curve (unsloth's HF + FA2 baseline, "
+            f"{len(rows)} cards) reads {_pct(min(c.error for c in rows))} … {_pct(max(c.error for c in rows))} with "
+            "prepare_model_for_kbit_training's fp32 upcast (fp32 embedding, norms and head; an fp32 residual stream "
+            f"and checkpointed inputs) and {_pct(min(without))} … {_pct(max(without))} without it (the same rows "
+            "estimated at peft 0.3.0). torchtune and litgpt run no peft preparation, and their QLoRA gaps stay.")
 
 
 def render_markdown(comparisons: Sequence[Comparison]) -> str:
@@ -287,7 +352,8 @@ def render_markdown(comparisons: Sequence[Comparison]) -> str:
         "# Published measurements against the estimate", "",
         f"{len(comparisons)} peak-memory figures measured on real GPUs and published with their settings (PEFT's "
         "MetaMathQA benchmark, torchtune's README tables, tutorials and PR #961, litgpt's config hub, PEFT's "
-        "FSDP/DeepSpeed docs), each compared with oomlab's analytic estimate of the setup it maps to. Sources, "
+        "FSDP/DeepSpeed docs, unsloth's README for its Hugging Face + FA2 baseline), each compared with oomlab's "
+        "analytic estimate of the setup it maps to. Sources, "
         "commits and the researcher's caveats: `lib/oomlab/data/published-measurements.json` (each row's "
         "`published` part is copied verbatim). Nothing is fitted to these rows; the error is estimate / published "
         "− 1 (positive: oomlab says more).", "",
@@ -307,14 +373,18 @@ def render_markdown(comparisons: Sequence[Comparison]) -> str:
           for s in summaries(comparisons)), "",
         "Suspect rows are shown but counted in no statistic. *Modelled* rows miss only second-order features; "
         "*approximated* ones miss a first-order feature (see the gaps below).", "",
+        "Each row is estimated at the releases it ran (the *stack* column, `setup.versions` in the data file; "
+        "`oomlab.core.versions`): a torchtune or litgpt row names its framework, which runs no peft preparation; "
+        "litgpt's QLoRA ran bitsandbytes 0.42.0, whose `MatMul4Bit` kept each 4-bit projection's input.", "",
+        "## Issue 24's targets", "", *target_lines(comparisons), "",
         "## Every estimated row", "",
-        "| id | model | GPU | method | precision | optimizer | batch × seq | ckpt | metric | published | oomlab "
-        "(figure) | error | implied seq | reliability | coverage | not modelled |",
-        "|---|---|---|---|---|---|---|---|---|---:|---:|---:|---:|---|---|---|",
+        "| id | model | GPU | method | precision | optimizer | batch × seq | ckpt | stack | metric | published | "
+        "oomlab (figure) | error | implied seq | reliability | coverage | not modelled |",
+        "|---|---|---|---|---|---|---|---|---|---|---:|---:|---:|---:|---|---|---|",
     ]
     for c in (c for c in comparisons if c.estimate_bytes is not None):
         r = c.row
-        lines.append("| " + " | ".join([r.id, *_setup_cells(r), _metric_cell(r), format_size(r.value_bytes),
+        lines.append("| " + " | ".join([r.id, *_setup_cells(r), _stack(r), _metric_cell(r), format_size(r.value_bytes),
                                           f"{format_size(c.estimate_bytes)} ({c.figure.value})", _pct(c.error),
                                           _implied(c), r.reliability.value, r.coverage.value,
                                           ", ".join(f"`{u.value}`" for u in r.unmodelled)]) + " |")
