@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -243,6 +243,48 @@ def optimizer_source(config: Mapping[str, Any]) -> OptimizerSource:
     return OptimizerSource.TORCH_ADAM if torch_adam else OptimizerSource.DEEPSPEED
 
 
+def _on(value: Any) -> bool:
+    """A JSON switch turned on (``true``, or DeepSpeed's string spelling ``"true"``)."""
+    return value is True or str(value).lower() == "true"
+
+
+# What oomlab budgets of a DeepSpeed run, said by every refusal below
+MODELLED = ("oomlab budgets ZeRO-1/2/3 with an fp32 master partition and fp32 optimizer states, CPU offload, every "
+            "rank holding its micro-batch's whole sequence, and an eager (uncompiled) model")
+# (key path, is it on?, what it does to memory, the DeepSpeed 0.19.8 source): settings that move memory and are not
+# budgeted -- refused where a JSON turns them on, never silently budgeted as if absent
+_UNMODELLED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("sequence_parallel_size", lambda v: v not in (None, 1),
+     "Ulysses sequence (context) parallelism: each rank holds 1/N of every sequence's activations and the data-"
+     "parallel world is world / N (runtime/config.py:468-469)"),
+    ("compile.deepcompile", _on, "DeepCompile: torch.compile of the engine with its own activation freeing and "
+                                  "offload passes (compile/config.py:15)"),
+    ("compile.offload_activation", _on, "activation offloading to the host (compile/config.py:27)"),
+    ("compile.offload_opt_states", _on, "optimizer-state offloading by DeepCompile (compile/config.py:39)"),
+    ("compile.free_activation", _on, "DeepCompile's early activation freeing (compile/config.py:21)"),
+    ("zero_optimization.zero_quantized_weights", _on, "ZeRO++ int8 weight all-gathers (zero/config.py:328)"),
+    ("zero_optimization.zero_quantized_gradients", _on, "ZeRO++ quantized gradient reduction (zero/config.py:340)"),
+    ("zero_optimization.zero_hpz_partition_size", lambda v: v not in (None, 0, 1),
+     "ZeRO++ hpZ: a secondary weight partition per node group (zero/config.py:324)"),
+    ("bf16.bf16_master_weights_and_grads", _on, "bf16 master weights and gradients: no fp32 master partition "
+                                                 "(precision_config.py:63)"),
+    ("bf16.bf16_optimizer_states", _on, "bf16 optimizer states (precision_config.py:68)"),
+    ("fp16.fp16_master_weights_and_grads", _on, "fp16 master weights and gradients (runtime/config.py:702)"),
+)
+
+
+def refuse_unmodelled(config: Mapping[str, Any]) -> None:
+    """Refuse a DeepSpeed setting that moves memory and that oomlab does not budget, naming the key, what it does,
+    and what oomlab models (:data:`MODELLED`)."""
+    for path, on, what in _UNMODELLED:
+        node: Any = config
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is not None and on(node):
+            raise InvalidValueError(f"{path} {shown(node)} is not budgeted: {what}. {MODELLED}; remove the key to "
+                                    "budget the run without it")
+
+
 def _elements(zero: Mapping[str, Any], key: str, default: int | None, auto_allowed: bool) -> int | None:
     value = zero.get(key, default)
     if value == AUTO:
@@ -311,6 +353,7 @@ def read_deepspeed_config(config: Mapping[str, Any] | str | Path, *, model: str 
         source = source or str(config)
         config = _read_json(config)
     try:
+        refuse_unmodelled(config)
         zero = _block(config, "zero_optimization")
         strategy, offload_param = _strategy(zero.get("stage", 0), _device(zero, "offload_optimizer"),
                                             _device(zero, "offload_param"))
