@@ -136,3 +136,26 @@ def test_measured_trainer_adamw_torch_step_holds_one_more_fp32_partition() -> No
     assert peak(foreach[1]) - peak(fused[1]) == pytest.approx((8 - 6) * group, rel=0.02)
     for case, ranks in (foreach, fused):
         assert peak(ranks) == pytest.approx(dm.analytic_step(case).phases[Phase.OPTIMIZER], rel=0.02)
+
+
+@pytest.mark.heavy
+def test_check_reads_the_trainers_optim_under_a_json_without_optimizer(tmp_path) -> None:
+    """`oomlab check` of the issue's launch (deepspeed, a ZeRO-2 JSON without an optimizer block, 8 x V100-32GB,
+    llama-2-7b fp16): with --optim adamw_torch the step needs the extra fp32 partition and the run is not called a
+    fit; with --optim adamw_torch_fused it needs 2 bytes per element of the partition less, and the note says so."""
+    import json
+
+    import oomlab
+
+    (tmp_path / "ds.json").write_text(json.dumps(NO_BLOCK))
+    peaks, verdicts = {}, {}
+    for optim in ("adamw_torch", "adamw_torch_fused"):
+        result = oomlab.check(gpu="v100-32gb", gpus=WORLD, model="llama-2-7b", deepspeed=str(tmp_path / "ds.json"),
+                              launch=f"deepspeed train.py --deepspeed ds.json --fp16 --per_device_train_batch_size 1 "
+                                     f"--gradient_checkpointing --optim {optim} --model_max_length 2048")
+        assert result.launch.deepspeed.optimizer_source is OptimizerSource.TRAINER
+        peaks[optim], verdicts[optim] = result.to_dict()["per_gpu_peak_bytes"], result.to_dict()["verdict"]
+        note = next(n for n in result.budget.notes if n.startswith("optimizer:"))
+        assert ("exp_avg_sq_sqrt" in note) == (optim == "adamw_torch")
+    assert verdicts["adamw_torch"] != "fits"
+    assert peaks["adamw_torch"] - peaks["adamw_torch_fused"] >= 2 * DECAY_PS
