@@ -56,6 +56,8 @@ VOCAB_TILE = 32768  # trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE: vocabula
 FUSED_VECTORS = 9
 FUSED_TRAINERS = frozenset({Trainer.DPO, Trainer.KTO, Trainer.GRPO})  # model(..., fused_lm_head=True) in TRL 1.16
 REFERENCE_BY_DEFAULT = frozenset({Trainer.DPO, Trainer.KTO, Trainer.PPO})  # GRPO: beta=0.0 loads none
+# the trainers whose config has precompute_ref_log_probs (DPOConfig, KTOConfig): the reference runs once over the data
+PRECOMPUTABLE = frozenset({Trainer.DPO, Trainer.KTO})
 
 
 @dataclass(frozen=True)
