@@ -144,3 +144,31 @@ def test_cli_bad_trainer_exits_2_listing_the_choices() -> None:
     run = _cli("budget", "--trainer", "dpx")
     assert run.returncode == 2
     assert "'sft', 'dpo', 'orpo', 'kto', 'grpo', 'ppo', 'reward'" in run.stderr
+
+
+def _trainer_evaluator(setup):
+    """The remedies' Evaluator, budgeting with the trainer (oomlab.budget.trainers)."""
+    from oomlab.remedies.remedy import Evaluation
+
+    result = trainer_estimate(setup)
+    return Evaluation(result.per_gpu_peak_bytes, result.headroom_bytes, result.host_ram_bytes,
+                      result.breaking_component, result.fits, True, result)
+
+
+def test_ladder_keeps_dpo_and_precomputes_the_reference() -> None:
+    """A DPO run on one 24 GB card: dropping the resident reference (precompute_ref_log_probs) is the cheap fix,
+    and the fix is still DPO."""
+    from oomlab.remedies.ladder import COST, Rung, climb
+
+    dpo = make_setup(model="llama-3.2-1b", gpu="rtx-4090", gpus=1, precision="bf16-mixed", optimizer="adamw-fused",
+                     trainer="dpo", seq=512)
+    assert not trainer_estimate(dpo).fits and trainer_estimate(dpo.with_(reference="none")).fits
+    decision = climb(dpo, _trainer_evaluator)
+    steps = decision.steps
+    assert steps and steps[0].rung is Rung.PRECOMPUTE_REFERENCE
+    assert all(s.setup.trainer is Trainer.DPO for s in steps)
+    assert steps[-1].setup.reference is Reference.NONE
+    assert "one extra pass over the data" in COST[Rung.PRECOMPUTE_REFERENCE]
+    # nothing to precompute where no reference is resident: LoRA's adapter-disabled base, ORPO, SFT
+    for other in (dpo.with_(method="lora"), dpo.with_(trainer="orpo"), dpo.with_(trainer="sft")):
+        assert Rung.PRECOMPUTE_REFERENCE not in [r for r, _ in climb(other, _trainer_evaluator).tried]

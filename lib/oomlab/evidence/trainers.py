@@ -1,15 +1,14 @@
 """The trainers' budget against real TRL steps: tiny LLaMA models trained by TRL's own ``DPOTrainer`` on CPU.
 
-Each row builds the tiny model of :func:`oomlab.budget.step.tiny_setup`, saves it (TRL builds its reference from
-the policy's path, ``create_model_from_path``), and runs ``DPOTrainer.train()`` for two steps with ``use_cpu=True``
-on pairs of token ids whose prompt, chosen and rejected lengths fill the setup's ``seq`` exactly; the CPU
-allocator's events (``torch.profiler`` with ``profile_memory=True``, replayed by
-:func:`oomlab.instruments.measured._allocator_peak`) plus the bytes already resident (the policy's and the
-reference's parameters and buffers) give the allocated peak, beside
-:func:`oomlab.budget.trainers.trainer_estimate`'s for the same setup.  No ``torch.cuda`` anywhere.
+Each row builds the tiny model of :func:`oomlab.budget.step.tiny_setup`, saves it (TRL builds its reference from the
+policy's path, ``create_model_from_path``), and runs ``DPOTrainer.train()`` for two steps with ``use_cpu=True`` on
+pairs of token ids whose prompt, chosen and rejected lengths fill the setup's ``seq`` exactly; the CPU allocator's
+events (``torch.profiler`` with ``profile_memory=True``, replayed by :func:`session_peak`) plus the bytes already
+resident (the policy's and the reference's parameters and buffers) give the allocated peak, beside
+:func:`oomlab.budget.trainers.trainer_estimate`'s for the same setup. No ``torch.cuda`` anywhere.
 
-TRL is not a dependency of oomlab: ``pip install trl==1.16.0`` (and ``datasets``) to measure again;
-``python -m oomlab.evidence trainers`` rewrites ``docs/trainers-small-scale.md``.
+TRL is not a dependency of oomlab: ``pip install trl==1.16.0`` (and ``datasets``) to measure again; ``python -m
+oomlab.evidence trainers`` rewrites ``docs/trainers-small-scale.md``.
 """
 
 from __future__ import annotations
@@ -133,6 +132,30 @@ def _random_fingerprints() -> Iterator[None]:
         yield
 
 
+def session_peak(prof: Any) -> int:
+    """The most CPU bytes allocated at once over blocks allocated while ``prof`` profiled: the allocator's events
+    replayed in time order, a free counted only for a block of this session (as ``measured._allocator_peak`` does;
+    NB: a copy, that function being private to its module)."""
+    from torch._C._profiler import _EventType
+
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            events.append((event.start_time_ns, int(event.extra_fields.alloc_size), int(event.extra_fields.ptr)))
+    live: dict[int, int] = {}
+    current = peak = 0
+    for _, size, ptr in sorted(events, key=lambda e: e[0]):
+        if size > 0:
+            live[ptr] = live.get(ptr, 0) + size
+            current += size
+            peak = max(peak, current)
+        elif ptr in live:
+            current -= live.pop(ptr)
+    return peak
+
+
 def measure_trl(setup: TrainingSetup, steps: int = 2) -> tuple[int, int, float]:
     """Run TRL's DPOTrainer on ``setup``'s tiny model for ``steps`` steps on CPU: (allocated peak, resident bytes,
     seconds)."""
@@ -143,7 +166,7 @@ def measure_trl(setup: TrainingSetup, steps: int = 2) -> tuple[int, int, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from oomlab.instruments.measured import _allocator_peak, _storage_bytes, real_model
+    from oomlab.instruments.measured import real_model
 
     if setup.precision not in (Precision.FP32, Precision.BF16_MIXED):
         raise InvalidValueError(f"the TRL cases run in fp32 or bf16-mixed (TRL's default), not {setup.precision.value}")
@@ -170,11 +193,12 @@ def measure_trl(setup: TrainingSetup, steps: int = 2) -> tuple[int, int, float]:
             trainer = trl.DPOTrainer(model=folder, args=args, train_dataset=_pairs(setup, setup.batch * steps),
                                      processing_class=_tokenizer(setup.model.vocab_size), peft_config=peft_config)
         models = [m for m in (trainer.model, trainer.ref_model) if m is not None]
-        resident = _storage_bytes(t for m in models for t in (*m.parameters(), *m.buffers()))
+        resident = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                        for m in models for t in (*m.parameters(), *m.buffers())}.values())
         gc.collect()
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             trainer.train()
-        peak = resident + _allocator_peak(prof)
+        peak = resident + session_peak(prof)
     return peak, resident, time.perf_counter() - start
 
 

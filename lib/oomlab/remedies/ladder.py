@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from oomlab.core.choices import Method, Optimizer, Strategy
+from oomlab.budget.trainers import PRECOMPUTABLE, resident_reference
+from oomlab.core.choices import Method, Optimizer, Reference, Strategy
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
@@ -45,6 +46,7 @@ class Rung(enum.Enum):
     """The ladder, least disruptive first (the order is the enum's)."""
 
     FUSED_OPTIMIZER = "fused AdamW"
+    PRECOMPUTE_REFERENCE = "precompute_ref_log_probs"  # DPO / KTO: no reference model during training
     CHECKPOINTING = "activation checkpointing"
     MICRO_BATCH = "smaller micro-batch, more accumulation"
     OPTIMIZER_8BIT = "8-bit AdamW"
@@ -56,12 +58,15 @@ class Rung(enum.Enum):
     SHORTER_SEQ = "shorter sequences"
 
 
-KIND = {Rung.FUSED_OPTIMIZER: Kind.FREE, Rung.CHECKPOINTING: Kind.SPEED, Rung.MICRO_BATCH: Kind.SPEED,
+KIND = {Rung.FUSED_OPTIMIZER: Kind.FREE, Rung.PRECOMPUTE_REFERENCE: Kind.SPEED,
+        Rung.CHECKPOINTING: Kind.SPEED, Rung.MICRO_BATCH: Kind.SPEED,
         Rung.OPTIMIZER_8BIT: Kind.FREE, Rung.SHARDING: Kind.SPEED, Rung.OFFLOAD: Kind.SPEED,
         Rung.MORE_GPUS: Kind.HARDWARE,
         Rung.LORA: Kind.TRAINED, Rung.QLORA: Kind.TRAINED, Rung.SHORTER_SEQ: Kind.DATA}
 COST = {
     Rung.FUSED_OPTIMIZER: "none: the same update in one kernel (the HF Trainer's default optim=adamw_torch_fused)",
+    Rung.PRECOMPUTE_REFERENCE: "one extra pass over the data before training (the reference's log-probabilities "
+                               "computed once and stored with the dataset); the same training after it",
     Rung.CHECKPOINTING: "about a third more compute per step: each layer's forward runs again in backward",
     Rung.MICRO_BATCH: "the same global batch and results; smaller steps use the GPU less well",
     Rung.OPTIMIZER_8BIT: "bitsandbytes as a dependency; 8-bit moments train as well in published comparisons",
@@ -186,6 +191,9 @@ def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Ste
         if rung is Rung.FUSED_OPTIMIZER:
             return Step(rung, s.with_(optimizer=Optimizer.ADAMW_FUSED), step.accumulation) \
                 if s.optimizer is Optimizer.ADAMW and not s.strategy.deepspeed else None
+        if rung is Rung.PRECOMPUTE_REFERENCE:  # the trainer is kept: a DPO run's fix is still DPO
+            return Step(rung, s.with_(reference=Reference.NONE), step.accumulation) \
+                if s.trainer in PRECOMPUTABLE and resident_reference(s) else None
         if rung is Rung.CHECKPOINTING:
             return None if s.checkpointing else Step(rung, s.with_(checkpointing=True), step.accumulation)
         if rung is Rung.MICRO_BATCH:
