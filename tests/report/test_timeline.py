@@ -93,3 +93,21 @@ def test_explorer_redraws_the_timeline() -> None:
     assert f"allocations and frees of one step, in order (peak {format_size(peak)})" in shown
     explorer.controls["model"].value = "no-such-model"
     assert explorer.timeline.value == ""
+
+
+def test_snapshot_timeline_svg_of_the_pipeline_snapshot(tmp_path) -> None:
+    """The report's figure, drawn from the snapshot file the pipeline writes (read with the restricted reader):
+    the seed's step stops at its OOM, marked, against the T4's capacity and what PyTorch may use of it."""
+    from oomlab.budget.result import MemCategory
+    from oomlab.budget.snapshot import STEP_SNAPSHOT_NAME, write_snapshot
+    from oomlab.explanation.snapshot_format import read_snapshot
+    from oomlab.report.figures import snapshot_timeline_svg
+
+    result = estimate()
+    path = write_snapshot(result, tmp_path / STEP_SNAPSHOT_NAME)
+    outside = result.components[MemCategory.OUTSIDE_PYTORCH]
+    shown = texts(snapshot_timeline_svg(read_snapshot(path), result.capacity_bytes, outside, title="seed"))
+    assert "out of memory asking 1.18 GiB" in shown
+    assert f"capacity {format_size(result.capacity_bytes)}" in shown
+    assert f"for PyTorch {format_size(result.capacity_bytes - outside)}" in shown
+    assert any(t.startswith("source: oomlab's simulated snapshot: oomlab analytic budget: llama-13b") for t in shown)

@@ -16,7 +16,8 @@ from oomlab.budget.snapshot import SNAPSHOT_CATEGORY, AllocatorReplay
 from oomlab.budget.timeline import StepTimeline
 from oomlab.core.units import GiB, format_size
 from oomlab.explanation.snapshot import SnapshotCategory
-from oomlab.explanation.snapshot_timeline import MemoryTimeline
+from oomlab.explanation.snapshot_format import MemorySnapshot
+from oomlab.explanation.snapshot_timeline import MemoryTimeline, memory_timeline
 
 # One fixed colour per component, so a component keeps its colour in every figure and every explorer update.
 PALETTE: Mapping[MemCategory, str] = {
@@ -455,3 +456,15 @@ def memory_timeline_svg(series: TimelineSeries, title: str = "", width: int = 76
         out.append(f'<text x="{left + plot_w + 18}" y="{ly + 9}">{escape(c)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def snapshot_timeline_svg(snapshot: MemorySnapshot, capacity_bytes: int | None = None,
+                          outside_bytes: int | None = None, title: str = "", device: int = 0) -> str:
+    """A snapshot's trace over time as :func:`memory_timeline_svg` draws it: the pipeline's own
+    (``results/step-snapshot.pickle``, budget.snapshot.STEP_SNAPSHOT_NAME) or a user's, against the GPU's capacity
+    and what PyTorch may use of it (the capacity less ``outside_bytes``) where they are known."""
+    available = None if capacity_bytes is None or outside_bytes is None else capacity_bytes - outside_bytes
+    source = ("oomlab's simulated snapshot: " + snapshot.simulated_by if snapshot.simulated_by
+              else "a torch memory snapshot's trace")
+    series = TimelineSeries.of_snapshot(memory_timeline(snapshot, device), capacity_bytes, available, source)
+    return memory_timeline_svg(series, title)
