@@ -164,8 +164,9 @@ def trainer_terms(setup: TrainingSetup) -> TrainerTerms:
         lines.append(f"generation: KV cache {format_size(kv)} for {setup.batch} completions × {setup.seq} positions "
                      f"(prompt + max_completion_length), {format_size(gen)} of last-token logits"
                      + (" and ZeRO-3's gathered weights" if setup.strategy.zero_stage == 3 else "")
-                     + "; NB: GRPO generates steps_per_generation (default: gradient_accumulation_steps) micro-batches "
-                     "at once (grpo_config.py :1098-1100): budgeted for one")
+                     + ("; NB: GRPO generates steps_per_generation (default: gradient_accumulation_steps) "
+                        "micro-batches at once (grpo_config.py :1098-1100): budgeted for one" if t is Trainer.GRPO
+                        else ""))
     fused = t in FUSED_TRAINERS
     if fused:
         lines.append(f"loss: TRL's fused LM head ({TOKEN_TILE} × {VOCAB_TILE} tiles), no (tokens × vocab) logits")
