@@ -4,10 +4,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,10 @@ from oomlab.core.errors import PipelineError
 from oomlab.pipeline.params import OUT_DIR_PARAM, RESULTS_PATH_PARAM, SETUP_PATH_PARAM
 
 KERNEL_NAME = "python3"
+# after Ctrl-C kills the kernel, how long papermill may take to notice and write the executed notebook
+KILLED_KERNEL_WAIT_S = 30
+_STOP = threading.Event()  # set by Ctrl-C: a kernel that has not started yet never does
+_KERNELS: weakref.WeakSet[KernelLogManager] = weakref.WeakSet()  # every kernel started, for Ctrl-C to kill
 
 
 class KernelLogManager(AsyncKernelManager):
@@ -35,10 +43,63 @@ class KernelLogManager(AsyncKernelManager):
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
         # NB: jupyter_client's documented override point ("override in a subclass to launch kernel subprocesses
         # differently"); the keywords reach subprocess.Popen.
+        if _STOP.is_set():
+            raise RuntimeError("interrupted (Ctrl-C) before the kernel started")
+        _KERNELS.add(self)
         if not self.log_path:
             return await super()._async_launch_kernel(kernel_cmd, **kw)
         with open(self.log_path, "ab") as log:  # Popen duplicates the descriptor; ours can close at once
             return await super()._async_launch_kernel(kernel_cmd, **{**kw, "stdout": log, "stderr": log})
+
+    def kill_now(self) -> None:
+        """SIGKILL the kernel's process group (jupyter_client starts each kernel in its own session), from any
+        thread; a kernel not (yet, or any longer) running is left be."""
+        process = getattr(self.provisioner, "process", None)
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            with contextlib.suppress(OSError):
+                process.kill()
+
+
+def _interruptible(execute: Any) -> None:
+    """Run ``execute()`` (papermill, with its kernel) in a worker thread and wait for it in this one.
+
+    nbclient installs its own SIGINT handler on its event loop while a kernel starts and runs; a Ctrl-C that lands
+    while the kernel is still starting is lost there (nbclient's clean-up finds no kernel yet; the kernel then starts
+    and runs its cell to the end).  In a worker thread nbclient installs none, so Ctrl-C always reaches this thread as
+    :class:`KeyboardInterrupt`: the kernels are killed, a kernel not yet started never starts, papermill is given
+    :data:`KILLED_KERNEL_WAIT_S` to write the executed notebook, and the interrupt goes on to the runner."""
+    outcome: list[BaseException] = []
+    done = threading.Event()  # NB: not Thread.join/is_alive: a join interrupted by Ctrl-C leaves the thread marked
+    # finished while it runs on (CPython's tstate lock, python/cpython#90882), and the next join returns at once
+
+    def work() -> None:
+        try:
+            execute()
+        except BaseException as err:  # handed to the waiting thread, which raises it as its own
+            outcome.append(err)
+        finally:  # the event loop jupyter_core made for this thread (asyncio.set_event_loop): closed with it
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_event_loop_policy().get_event_loop().close()
+            done.set()
+
+    _STOP.clear()
+    worker = threading.Thread(target=work, name="oomlab-notebook", daemon=True)
+    worker.start()
+    try:
+        while not done.wait(0.1):
+            pass
+    except KeyboardInterrupt:
+        _STOP.set()
+        for kernel in list(_KERNELS):
+            kernel.kill_now()
+        done.wait(KILLED_KERNEL_WAIT_S)
+        raise
+    if outcome:
+        raise outcome[0]
 
 
 def _first_line(source: str) -> str:
@@ -147,13 +208,16 @@ def run_notebook(notebook: Path, executed: Path, params: dict[str, Any], setup_p
         quiet = {"config": Config({KernelLogManager.__name__: {"log_path": str(kernel_log)}})}
     try:
         with _papermill_log_to(kernel_log):
-            papermill.execute_notebook(
+            _interruptible(lambda: papermill.execute_notebook(
                 str(notebook), str(executed), parameters=inject, kernel_name=KERNEL_NAME,
                 progress_bar=progress, execution_timeout=cell_timeout, kernel_manager_class=KernelLogManager,
                 # NB: the executed notebook's folder, as Jupyter would run it from there: the injected paths are
                 # relative to it (the user's own paths, launch_dir, are absolute: params made them so)
                 cwd=str(here), **quiet,
-            )
+            ))
+    except KeyboardInterrupt:
+        _mark_interrupted(executed, "KeyboardInterrupt: the run was interrupted (Ctrl-C); its kernel was killed")
+        raise
     except PapermillExecutionError as err:
         raise _failure(notebook, executed, f"{err.ename}: {err.evalue}") from err
     except CellTimeoutError as err:
@@ -181,3 +245,4 @@ def _own_name(executed: Path) -> None:
     if "output_path" in nb.metadata.get("papermill", {}):
         nb.metadata.papermill["output_path"] = executed.name
         nbformat.write(nb, executed)
+
