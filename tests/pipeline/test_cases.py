@@ -9,6 +9,8 @@ from oomlab.budget import display as br
 from oomlab.core.gpus import load_gpu
 from oomlab.evidence import agreement, checks
 from oomlab.explanation.explain import explain
+from oomlab.launch.check import other_launches
+from oomlab.launch.prose import replica_dtype
 from oomlab.launch.user import user_launch
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.remedies import display as rd
@@ -58,7 +60,8 @@ def _run(name: str, tmp_path) -> tuple[dict, object, str]:
     setup = launch.setup
     rep = reproduce_results({"model": model, "dtype": "float16", "gpu": gpu, "gpus": gpus, "device": "simulated"},
                             result, fp32, big, fits_case, decoded, target[0] if target else None, gpus, honesty,
-                            launch.to_dict())
+                            {**launch.to_dict(), "replica_dtype": replica_dtype(launch),
+                             "other_launches": other_launches(launch)})
     # 02: the budget
     gpu_spec = setup.gpu
     outside = case_outside(setup.model.name, gpu_spec, setup.world_size).total_bytes
@@ -82,7 +85,7 @@ def _run(name: str, tmp_path) -> tuple[dict, object, str]:
     for key, data in (("reproduce", rep), ("budget", bud), ("plan", res)):
         r[key] = read_results(write_results(tmp_path / f"{key}.json", data))
     parts = [story.title(r), story.answer(r), story.deciding_configuration(r), story.reproduction(r),
-             story.honesty(r), story.decoded(r), story.evidence_of_budget(r), story.recommended_fix(r),
+             story.honesty(r, launch), story.decoded(r), story.evidence_of_budget(r), story.recommended_fix(r),
              *story.assumptions(r), rd.summarize(plan), br.summarize(variants, setup.world_size),
              summary.summarize(result, gpus), rd.heading(plan), rd.verdict(plan)]
     parts += [" | ".join(map(str, row)) for row in story.remedy_rows(r) + story.knob_table_rows(r)]

@@ -6,7 +6,7 @@ import pytest
 
 from oomlab.core.units import MiB
 from oomlab.reproduction.fit import Figure
-from oomlab.reproduction.honesty import FigureRole, honest_reproduction, render_honesty
+from oomlab.reproduction.honesty import FigureRole, honest_reproduction, render_honesty, render_honesty_record
 from oomlab.reproduction.layouts import LaunchPath, llama_layouts
 from oomlab.reproduction.outside import seed_outside_bytes
 
@@ -98,4 +98,5 @@ def test_to_dict_is_plain_json(honest) -> None:
     assert data["outside_intervals"][0]["low_bytes"] == 488_439_809
     assert data["counts"] == {"input": 2, "fitted": 1, "predicted": 2}
     assert len(data["tables"]["layouts"]["rows"]) == len(llama_layouts())
-    assert data["layout_finding"] == honest.layout_finding and data["markdown"] == render_honesty(honest)
+    assert data["layout_finding"] == honest.layout_finding and render_honesty_record(data) == render_honesty(honest)
+    assert "markdown" not in data  # the record holds data; its one renderer writes the Markdown

@@ -14,10 +14,10 @@ from oomlab.core.seed import SEED_DTYPE, is_seed_case
 from oomlab.core.units import format_signed_size, format_size
 from oomlab.core.words import count
 from oomlab.remedies.knobs import KnobChange
-from oomlab.remedies.ladder import ALLOCATOR_ADVICE
 from oomlab.remedies.placement import DeviceMapPlacement, layer_index
 from oomlab.remedies.plan import Outcome, Plan
 from oomlab.remedies.remedy import Remedy, format_tokens_per_s, launcher
+from oomlab.remedies.verdict import VerdictFacts, render_verdict
 
 REMEDY_HEADERS = ("#", "remedy", "launched by", "fits", "per-GPU peak", "headroom", "host RAM", "max micro-batch",
                   "max seq (batch 1)", "tokens/s", "why")
@@ -86,39 +86,8 @@ def heading(plan: Plan) -> str:
 
 
 def verdict(plan: Plan) -> str:
-    """The plan's outcome in one Markdown sentence, every figure from the plan: a fix, host RAM the only obstacle
-    (never "nothing fits" then), only harmful changes, or nothing."""
-    gpu = load_gpu(plan.gpu).display_name
-    where = f"{plan.nodes * plan.gpus} × {gpu}"
-    outcome = plan.outcome
-    margin = plan.decision.verdict.margin.words if plan.decision is not None else ""
-    if outcome is Outcome.FITS:
-        return f"**It fits as configured** on {where}" + (f", with the margin ({margin})." if margin else ".")
-    if outcome is Outcome.FIXED:
-        rec = plan.recommended or plan.remedies[0]
-        if plan.fix is not None:
-            kinds = "; ".join(s.words for s in plan.decision.steps)
-            return (f"**It fits with a change:** {rec.name} on {where}, with the margin — the least disruptive "
-                    f"change that does: {kinds}.")
-        why = "" if rec is plan.shown[0] else f" ({plan.recommendation_note})"
-        return f"**It fits with a change:** {rec.name} on {where}{why}."
-    if outcome is Outcome.TIGHT:
-        tight = plan.decision.tight
-        what = ("as configured" if plan.decision.verdict.tight or not tight else
-                "with " + "; ".join(s.words for s in tight))
-        return (f"**It fits {where} only inside the margin** ({what}): the estimate leaves less headroom than "
-                f"this setup class needs ({margin}); nothing on the ladder fits with it. If you run it: "
-                f"{ALLOCATOR_ADVICE}.")
-    if outcome is Outcome.HOST_RAM:
-        best = plan.host_ram_short[0]
-        return (f"**It fits the GPUs but not the assumed host RAM — set `host_ram`.** {len(plan.host_ram_short)} "
-                f"sound remedies fit every GPU of {where}, but need more host RAM than "
-                f"{format_size(plan.host_ram_bytes)} ({plan.host_ram_source}); the least, {best.name}, needs "
-                f"{format_size(best.host_ram_bytes or 0)} per node.")
-    if outcome is Outcome.HARMFUL_ONLY:
-        return (f"**It fits {where} only with harmful changes** (pure half precision without master weights, or "
-                "SGD): no sound configuration oomlab knows fits.")
-    return f"**No configuration oomlab knows fits {where}**, on the GPUs or in host RAM."
+    """The plan's outcome in one Markdown sentence (:func:`~oomlab.remedies.verdict.render_verdict` of its facts)."""
+    return render_verdict(VerdictFacts.of(plan))
 
 
 def micro_batches(max_batch: int) -> str:

@@ -87,6 +87,11 @@ _OFFLOADED = {Strategy.SINGLE: Strategy.ZERO2_OFFLOAD, Strategy.DDP: Strategy.FS
               Strategy.ZERO3: Strategy.ZERO3_OFFLOAD}
 
 
+def rung_words(rung: Rung) -> str:
+    """A ladder step in words: the rung, its kind and what it costs."""
+    return f"{rung.value} ({KIND[rung].value}: {COST[rung]})"
+
+
 @dataclass(frozen=True)
 class Step:
     """One rung applied: the setup after it and the gradient accumulation that keeps the global batch."""
@@ -97,7 +102,7 @@ class Step:
 
     @property
     def words(self) -> str:
-        return f"{self.rung.value} ({KIND[self.rung].value}: {COST[self.rung]})"
+        return rung_words(self.rung)
 
 
 @dataclass(frozen=True)

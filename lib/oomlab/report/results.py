@@ -24,10 +24,12 @@ from oomlab.core.files import write_text_atomic
 from oomlab.core.gpus import GPUSpec
 from oomlab.core.setup import TrainingSetup
 from oomlab.explanation.explain import Explanation
-from oomlab.remedies.display import verdict
+from oomlab.launch.read import UserLaunch
+from oomlab.launch.record import SETUP_RECORD_NAME, read_launch_record
 from oomlab.remedies.fit_map import FitMap
 from oomlab.remedies.placement import DeviceMapPlacement
 from oomlab.remedies.plan import Plan
+from oomlab.remedies.verdict import VerdictFacts
 from oomlab.remedies.verification import Verification
 from oomlab.reproduction.honesty import HonestReproduction
 from oomlab.reproduction.result import ReproduceResult, compare_with_seed
@@ -115,7 +117,7 @@ def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None
         "assumptions": list(plan.assumptions),
         "outcome": plan.outcome.value,
         "decision": None if plan.decision is None else plan.decision.to_dict(),  # the ladder: verdict, margin, steps
-        "verdict_markdown": verdict(plan),
+        "verdict": VerdictFacts.of(plan).to_dict(),  # typed: the report renders it (remedies.verdict)
         "recommendation_note": plan.recommendation_note,
         "recommended_rank": None if rec is None else plan.shown.index(rec) + 1,
         "host_ram_bytes": plan.host_ram_bytes,
@@ -170,3 +172,10 @@ def load_results(out_dir: str | Path) -> dict[str, dict[str, Any]]:
             raise FileNotFoundError(f"no results at {str(path)!r}: run notebook {stem} first (python -m oomlab run)")
         loaded[key] = json.loads(path.read_text())
     return loaded
+
+
+def load_launch(out_dir: str | Path) -> UserLaunch | None:
+    """The launch the run recorded once (``out_dir/results/setup.json``, :mod:`oomlab.launch.record`), typed; None
+    for results written without the runner."""
+    path = Path(out_dir) / "results" / SETUP_RECORD_NAME
+    return read_launch_record(path) if path.is_file() else None

@@ -24,17 +24,21 @@ from oomlab.core.markdown import md_code, md_text
 from oomlab.core.seed import is_seed_case
 from oomlab.core.units import format_signed_size, format_size
 from oomlab.core.words import agree, count
-from oomlab.launch.paths import ROWS, path_of
+from oomlab.launch.paths import ROWS, path_of, path_table
+from oomlab.launch.prose import launch_section
+from oomlab.launch.read import UserLaunch
 from oomlab.remedies.display import COMPACT_REMEDY_HEADERS, knob_change_text, knob_rows, otherwise_sentence
 from oomlab.remedies.display import remedy_rows as plan_remedy_rows
 from oomlab.remedies.knobs import KnobChange
 from oomlab.remedies.plan import Outcome
 from oomlab.remedies.remedy import Remedy
+from oomlab.remedies.verdict import VerdictFacts, render_verdict
 from oomlab.remedies.verification import Verification, verify_rows
 from oomlab.report.figures import BarRow, RemedyBar, plot_budget_bars, plot_remedies
 from oomlab.report.results import NOTEBOOK_RESULTS
 from oomlab.reproduction import summary
-from oomlab.reproduction.result import FigureComparison
+from oomlab.reproduction.honesty import render_honesty_record
+from oomlab.reproduction.result import FigureComparison, ReproduceResult
 
 
 def esc(value: Any) -> str:
@@ -124,9 +128,7 @@ def answer(r: dict[str, Any]) -> str:
         parts.append(otherwise_sentence(Remedy.from_dict(rec), rank, plan["recommendation_note"] if rank != 1 else "",
                                         md_text))
     elif plan.get("outcome") == Outcome.HOST_RAM.value or not configured["fits"]:
-        # NB: the plan's own Markdown (remedies.display.verdict), its user text escaped where it was written
-        parts.append(plan.get("verdict_markdown")
-                     or "**No configuration oomlab knows fits these GPUs** (see the remedies below).")
+        parts.append(render_verdict(VerdictFacts.from_dict(plan["verdict"])))  # as plan's display words it
     if plan.get("host_ram_assumed"):
         parts.append(f"Host RAM is an assumption: {format_size(plan['host_ram_bytes'])} per node "
                      f"({md_text(plan['host_ram_source'])}); set `host_ram` to your machine's.")
@@ -229,11 +231,18 @@ def reproduction(r: dict[str, Any]) -> str:
             f"{md_text(ft.get('dtype', '?'))}).{match}")
 
 
-def honesty(r: dict[str, Any]) -> str:
-    """What the match is worth (the user's case): the figures' roles, the outside range, the layout finding."""
+def honesty(r: dict[str, Any], launch: UserLaunch | None = None) -> str:
+    """What the match is worth (the user's case: the figures' roles, the outside range, the layout finding), then how
+    the weights reach the GPUs under ``launch`` (the run's setup record, read back typed), each rendered here from
+    the typed results by the function notebook 01 displays with."""
     h = r["reproduce"].get("honesty")
-    launch = r["reproduce"].get("launch") or {}  # notebook 01's launch-path account (oomlab.launch.prose)
-    return "\n\n".join(part for part in (h["markdown"] if h else "", launch.get("markdown", "")) if part)
+    parts = [render_honesty_record(h)] if h else []
+    account = r["reproduce"].get("launch")  # notebook 01's launch facts: the replica's dtype, the other launches
+    if launch is not None and account:
+        parts.append(launch_section(launch, ReproduceResult.from_dict(r["reproduce"]["reproduce"]),
+                                    account["replica_dtype"], path_table(),
+                                    [tuple(row) for row in account["other_launches"]]))
+    return "\n\n".join(parts)
 
 
 def message(r: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -51,7 +52,7 @@ from oomlab.reproduction.outside import seed_outside_bytes
 from oomlab.reproduction.walk import unlimited_walk
 
 __all__ = ["ContextReading", "FigureClaim", "FigureRole", "HonestReproduction", "LayoutRow", "figure_rows",
-           "honest_reproduction", "layout_rows", "outside_rows", "render_honesty"]
+           "honest_reproduction", "layout_rows", "outside_rows", "render_honesty", "render_honesty_record"]
 
 MATCHED = (Figure.TRIED, Figure.ALLOCATED, Figure.RESERVED)  # the figures the outside range is asked to reproduce
 
@@ -155,7 +156,6 @@ class HonestReproduction:
             "tables": {name: {"headers": list(headers), "rows": [list(row) for row in rows]}
                        for name, (headers, rows) in (("figures", figure_rows(self)), ("outside", outside_rows(self)),
                                                      ("layouts", layout_rows(self)))},
-            "markdown": render_honesty(self),
         }
 
 
@@ -417,16 +417,27 @@ def layout_rows(h: HonestReproduction) -> tuple[tuple[str, ...], list[tuple[str,
 
 def render_honesty(h: HonestReproduction) -> str:
     """The whole account as Markdown: the figures, the outside range, the layouts, and the two findings."""
-    counts = h.counts
-    installed = (f"the installed transformers' layout ({h.installed_layout})" if h.installed_layout
+    return render_honesty_record(h.to_dict())
+
+
+def render_honesty_record(record: Mapping[str, Any]) -> str:
+    """:func:`render_honesty` from the plain data of :meth:`HonestReproduction.to_dict` (the results JSON): the one
+    renderer of the account, for notebook 01 and the report."""
+    counts = record["counts"]
+    layout = record["installed_layout"]
+    installed = (f"the installed transformers' layout ({layout})" if layout
                  else "the installed transformers' layout (not one of the shipped layouts)")
+
+    def table(name: str) -> str:
+        return markdown_table(record["tables"][name]["headers"], [tuple(row) for row in record["tables"][name]["rows"]])
+
     return "\n\n".join([
-        f"**What the five matching figures are worth.** {counts[FigureRole.INPUT]} are inputs, "
-        f"{counts[FigureRole.FITTED]} is fitted and {counts[FigureRole.PREDICTED]} are predicted, with "
+        f"**What the five matching figures are worth.** {counts[FigureRole.INPUT.value]} are inputs, "
+        f"{counts[FigureRole.FITTED.value]} is fitted and {counts[FigureRole.PREDICTED.value]} are predicted, with "
         f"{installed}; the layout is itself a choice (below).",
-        markdown_table(*figure_rows(h)),
-        f"**Memory outside PyTorch.** {h.context_finding}",
-        markdown_table(*outside_rows(h)),
-        f"**The module layout across transformers releases.** {h.layout_finding}",
-        markdown_table(*layout_rows(h)),
+        table("figures"),
+        f"**Memory outside PyTorch.** {record['context_finding']}",
+        table("outside"),
+        f"**The module layout across transformers releases.** {record['layout_finding']}",
+        table("layouts"),
     ])

@@ -74,6 +74,18 @@ class ReproduceResult:
             data["failing_tensor"]["kind"] = self.failing_tensor.kind.value
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReproduceResult:
+        """The result :meth:`to_dict` wrote (the results JSON), typed again; the walk's steps only where written."""
+        known = {f for f in cls.__dataclass_fields__} - {"failing_tensor", "frames", "traceback", "steps"}
+        ft = data.get("failing_tensor")
+        failing = None if ft is None else FailingTensor(name=ft["name"], kind=TensorKind(ft["kind"]),
+                                                        shape=tuple(ft["shape"]), dtype=ft["dtype"],
+                                                        nbytes=int(ft["nbytes"]))
+        steps = tuple(WalkStep(**{**step, "kind": TensorKind(step["kind"]), "shape": tuple(step["shape"])}) for step in data.get("steps", ()))
+        return cls(**{k: data[k] for k in known}, failing_tensor=failing, frames=tuple(data["frames"]),
+                   traceback=tuple((str(f), int(n), str(fn)) for f, n, fn in data["traceback"]), steps=steps)
+
 
 def traceback_frames(error: BaseException) -> tuple[tuple[str, int, str], ...]:
     """``(file, line, function)`` of each frame of ``error``'s traceback, innermost last."""
