@@ -30,6 +30,7 @@ from oomlab.launch.origin import OriginKind
 from oomlab.launch.paths import ROWS, LoadPath, load_path_of
 from oomlab.launch.read import LaunchInputs, UserLaunch
 from oomlab.launch.resolve import read_launch
+from oomlab.launch.rewrite import ChangedFile, FileKind, changed_files, user_files
 from oomlab.remedies.ladder import COST, KIND, Decision, Rung, Step, climb
 from oomlab.remedies.remedy import Evaluator, launcher
 from oomlab.reproduction.apply_walk import move_replica
@@ -74,10 +75,12 @@ class Fix:
     load: LoadCheck
     how: tuple[str, ...]  # where to make each change
     launch: str  # the command that runs it
+    files: tuple[ChangedFile, ...] = ()  # the user's files with the fix in them, each changed line marked
 
     def to_dict(self) -> dict[str, Any]:
         return {"changes": [list(c) for c in self.changes], "per_gpu_peak_bytes": self.per_gpu_peak_bytes,
-                "load": self.load.to_dict(), "how": list(self.how), "launch": self.launch}
+                "load": self.load.to_dict(), "how": list(self.how), "launch": self.launch,
+                "files": [f.to_dict() for f in self.files]}
 
 
 @dataclass(frozen=True)
@@ -217,17 +220,27 @@ def _how(launch: UserLaunch, step: Step) -> str:
     return f"{knob} {shown}: {flags.get(knob, shown)}{where}{cost}"
 
 
-def _fix_launch(launch: UserLaunch, decision: Decision) -> str:
+def _fix_launch(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile, ...] = ()) -> str:
     """The user's command changed where the fix says (every Trainer flag of the change set or replaced; the strategy
-    as ``--deepspeed`` / ``--fsdp``); without a command, the launch the fixed strategy stands for."""
+    as ``--deepspeed`` / ``--fsdp``); without a command, the launch the fixed strategy stands for.  A change ``files``
+    makes in the user's own file (the key the launch read it from; the strategy in the DeepSpeed JSON or the accelerate
+    YAML) is not also given as a flag: the command keeps naming those files."""
     fix = decision.setup
     if launch.command is None:
         return launcher(Route.PROCESS_PER_GPU, fix.strategy)
     text = launch.command.text
     style = flag_style(launch.command)
+    in_files = {f.path for f in files}
+    strategy_in_files = any(f.kind is not FileKind.TRAINING_ARGS and any(
+        e.key.startswith(("zero_optimization", "deepspeed_config", "fsdp_config", "distributed_type")) for e in f.edits)
+        for f in files)
     for step in decision.steps:
         knob, _ = _change(step)
         s = step.setup
+        sourced = launch.fields.get(knob)
+        if (knob == "strategy" and strategy_in_files) or (sourced is not None and sourced.origin.kind is
+                                                          OriginKind.FILE and sourced.origin.where in in_files):
+            continue  # changed in the user's file, where the launch reads it
         if knob == "checkpointing":
             text = style.set(text, "checkpointing", None)
         elif knob == "seq":
@@ -251,15 +264,16 @@ def _fix_launch(launch: UserLaunch, decision: Decision) -> str:
     return text
 
 
-def smallest_fix(launch: UserLaunch, decision: Decision) -> Fix | None:
-    """The ladder's fix as ``check`` shows it: each change, where to make it, and the launch that carries it."""
+def smallest_fix(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile, ...] = ()) -> Fix | None:
+    """The ladder's fix as ``check`` shows it: each change, where to make it, the user's files with it (``files``:
+    :func:`oomlab.launch.rewrite.changed_files`) and the launch that carries it."""
     fix = decision.setup
     if not decision.steps or fix is None:
         return None
     path = load_path_of(fix, trainer=launch.trainer, zero3_init=True)
     load = check_load(fix, path, launch.load_dtype)
     return Fix(tuple(_change(s) for s in decision.steps), fix, decision.fixed.evaluation.per_gpu_peak_bytes, load,
-               tuple(_how(launch, s) for s in decision.steps), _fix_launch(launch, decision))
+               tuple(_how(launch, s) for s in decision.steps), _fix_launch(launch, decision, files), files)
 
 
 def decide(launch: UserLaunch, host_ram_bytes: int) -> Decision:
@@ -287,7 +301,8 @@ def check_launch(inputs: LaunchInputs, host_ram: str | int | None = None,
     fails_at, phase = _phase(load, budget, host.host_ram_bytes)
     decision = decide(launch, host.host_ram_bytes)
     reading = None if message is None else read_message(launch, message)[0]
-    return CheckResult(launch, load, budget, fails_at, phase, smallest_fix(launch, decision), host, decision,
+    files = changed_files(launch, decision, user_files(inputs, launch)) if decision.steps and decision.setup else ()
+    return CheckResult(launch, load, budget, fails_at, phase, smallest_fix(launch, decision, files), host, decision,
                        reading)
 
 

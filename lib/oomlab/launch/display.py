@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from oomlab.core.choices import plain
-from oomlab.core.markdown import markdown_table, md_code_block, md_text
+from oomlab.core.markdown import markdown_table, md_code, md_code_block, md_text
 from oomlab.core.units import format_size
 from oomlab.launch.check import CheckResult, FailsAt
 from oomlab.launch.paths import ROWS
@@ -91,6 +91,9 @@ def render_check(result: CheckResult) -> str:
             lines.append("least disruptive fix: " + ", ".join(f"{k} -> {v}" for k, v in fix.changes)
                          + f" ({format_size(fix.per_gpu_peak_bytes)} per GPU, {result.decision.fixed.word})")
             lines += [f"  {h}" for h in fix.how] + [f"  launch: {fix.launch}"]
+            for changed in fix.files:  # the user's own files with the fix: + changed or added, - removed
+                lines += ["", f"  {changed.path} ({changed.kind.value}, {changed.changed_lines} line(s) changed):"]
+                lines += [f"    {line}" for line in changed.marked]
     if result.launch.unmodelled:
         lines += ["", f"not modelled ({len(result.launch.unmodelled)}, those that could change memory most "
                   "first):"]
@@ -118,5 +121,8 @@ def render_markdown(result: CheckResult) -> str:
         out.append("**Fix.** " + "; ".join(md_text(h) for h in fix.how)
                    + f" — {format_size(fix.per_gpu_peak_bytes)} per GPU at the step's peak, and it loads.")
         out += ["", md_code_block(fix.launch)]
+        for changed in fix.files:
+            out += ["", f"{md_code(changed.path)}, changed lines marked `+` (was `-`):", "",
+                    md_code_block("\n".join(changed.marked), "diff")]
     out += ["", "**Assumptions.**"] + [f"- {md_text(a)}" for a in _assumptions(result)]
     return "\n".join(out)
