@@ -75,7 +75,10 @@ SMALL_CASES: tuple[SmallCase, ...] = (
                                                      "seq": 256}),
     SmallCase("QLoRA r8 bf16-mixed AdamW, checkpointing, b4 s256",
               {"method": "qlora", "precision": "bf16-mixed", "checkpointing": True, "batch": 4, "seq": 256},
-              CHECKPOINT_GAP),
+              CHECKPOINT_GAP + "; under peft's fp32 upcast the recomputed layer's gradients are partly fp32 "
+              "(Linear4bit hands each projection's gradient back in its input's fp32): the budget keeps c*(3*i + h) "
+              "half temporaries and reads 5.5 % low (all fp32 would read 12 % high; the mix at the peak is not "
+              "derived)"),
     SmallCase("full fp32 AdamW8bit", {"precision": "fp32", "optimizer": "adamw-8bit"}),
     SmallCase("LoRA r32 fp16-mixed AdamW8bit", {"method": "lora", "lora_rank": 32, "optimizer": "adamw-8bit"}),
 )
@@ -218,8 +221,14 @@ DOC_FOOTER = """
 
 - QLoRA: bitsandbytes 0.50's CPU backend, no CUDA. The tiny model is saved and loaded back through transformers'
   `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-  bnb_4bit_compute_dtype=bf16|fp16)` with `device_map="cpu"` (every decoder projection a `Linear4bit`), then peft
-  LoRA; `prepare_model_for_kbit_training` is not used (it would upcast embedding, norms and head to fp32).
+  bnb_4bit_compute_dtype=bf16|fp16)` with `device_map="cpu"` (every decoder projection a `Linear4bit`), then
+  peft's `prepare_model_for_kbit_training(use_gradient_checkpointing=<the row's checkpointing>)` as oomlab's
+  train.py and TRL's SFTTrainer call it, then peft LoRA. The preparation upcasts the embedding, norms and head to
+  fp32 (peft/utils/other.py:204-209): the residual stream, RoPE's cos/sin, the SwiGLU's saved gate/SiLU/up tensors
+  (`Linear4bit` returns its input's dtype, bitsandbytes/nn/modules.py:637) and each checkpointed layer input are
+  fp32, the frozen fp32 head's half autocast copy is kept for backward, and with checkpointing
+  `enable_input_require_grads` makes the embedding output a leaf whose gradient the kept loss's graph holds
+  (`oomlab.budget.activations.kbit_upcast`, `input_leaf_bytes`).
   Forward dequantizes each weight to the compute dtype and calls `F.linear` (`_gemm_4bit_default_impl`,
   bitsandbytes/backends/default/ops.py); `MatMul4Bit` saves only the packed weight (`ctx.tensors = (None, B)`,
   bitsandbytes/autograd/_functions.py), so a frozen 4-bit projection keeps no activation, as the LoRA inventory
