@@ -13,6 +13,7 @@ from oomlab.launch.paths import ROWS
 from oomlab.launch.prose import launch_name, traceback_proves
 from oomlab.launch.user import setup_rows
 from oomlab.remedies.ladder import ALLOCATOR_ADVICE
+from oomlab.remedies.throughput import speed_words
 
 MAX_UNMODELLED_SHOWN = 8
 
@@ -90,7 +91,11 @@ def render_check(result: CheckResult) -> str:
         else:
             lines.append("least disruptive fix: " + ", ".join(f"{k} -> {v}" for k, v in fix.changes)
                          + f" ({format_size(fix.per_gpu_peak_bytes)} per GPU, {result.decision.fixed.word})")
-            lines += [f"  {h}" for h in fix.how] + [f"  launch: {fix.launch}"]
+            lines += [f"  {h}" for h in fix.how]
+            befores = (result.decision.configured, *(s.setup for s in result.decision.steps[:-1]))
+            lines += [f"  {step.rung.value}: {speed_words(before, step.setup)}" for before, step in
+                      zip(befores, result.decision.steps, strict=True)]
+            lines.append(f"  launch: {fix.launch}")
             for changed in fix.files:  # the user's own files with the fix: + changed or added, - removed
                 lines += ["", f"  {changed.path} ({changed.kind.value}, {changed.changed_lines} line(s) changed):"]
                 lines += [f"    {line}" for line in changed.marked]

@@ -26,6 +26,7 @@ from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
 from oomlab.remedies.margin import Margin, margin_for
 from oomlab.remedies.remedy import Evaluation, Evaluator
+from oomlab.remedies.throughput import speed_change
 
 # What costs nothing but the budget cannot size: the caching allocator's fragmentation (part of the margin).
 ALLOCATOR_ADVICE = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (costs nothing: segments grow in place, so "
@@ -179,13 +180,20 @@ class Decision:
     def keeps_method(self) -> bool:
         return self.setup is not None and self.setup.method is self.configured.method
 
+    def speeds(self) -> tuple[tuple[float, tuple[str, ...]], ...]:
+        """Each kept step's modelled tokens/s over the setup before it, and the mechanisms that cost it
+        (:func:`oomlab.remedies.throughput.speed_change`)."""
+        setups = (self.configured, *(s.setup for s in self.steps))
+        return tuple(speed_change(a, b) for a, b in zip(setups, setups[1:], strict=False))
+
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict.to_dict(), "fixed": None if self.fixed is None else self.fixed.to_dict(),
                 "steps": [{"rung": s.rung.value, "kind": KIND[s.rung].value, "cost": COST[s.rung],
                            "strategy": s.setup.strategy.value, "method": s.setup.method.value,
                            "optimizer": s.setup.optimizer.value, "checkpointing": s.setup.checkpointing,
-                           "batch": s.setup.batch, "seq": s.setup.seq, "accumulation": s.accumulation}
-                          for s in self.steps],
+                           "batch": s.setup.batch, "seq": s.setup.seq, "accumulation": s.accumulation,
+                           "speed_ratio": ratio, "slower_by": list(causes)}
+                          for s, (ratio, causes) in zip(self.steps, self.speeds(), strict=True)],
                 "tried": [{"rung": r.value, "verdict": v} for r, v in self.tried]}
 
 

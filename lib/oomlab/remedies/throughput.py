@@ -24,7 +24,13 @@ from oomlab.budget import deepspeed_layout
 from oomlab.budget.deepspeed import model_dtype_bytes, zero_states
 from oomlab.budget.result import MemCategory
 from oomlab.budget.sharding import Share, share
-from oomlab.budget.states import grad_bytes_per_param, lora_parameters, trainable_parameters, weight_bytes_total
+from oomlab.budget.states import (
+    grad_bytes_per_param,
+    lora_parameters,
+    quantized_parameters,
+    trainable_parameters,
+    weight_bytes_total,
+)
 from oomlab.core.choices import Method, Precision, Route, Strategy
 from oomlab.core.gpus import GPUSpec
 from oomlab.core.setup import TrainingSetup
@@ -161,10 +167,11 @@ class StepTime:
     host_link_s: float  # offloaded weights and gradients over the host link
     host_optimizer_s: float  # the optimizer step on the host (offload)
     tokens: int  # tokens of the whole step (all GPUs that work in parallel)
+    dequantize_s: float = 0.0  # QLoRA: each 4-bit weight dequantized per matmul pass (memory traffic)
 
     @property
     def seconds(self) -> float:
-        return self.compute_s + self.collectives_s + self.host_link_s + self.host_optimizer_s
+        return self.compute_s + self.collectives_s + self.host_link_s + self.host_optimizer_s + self.dequantize_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -226,6 +233,23 @@ def host_link_bytes(setup: TrainingSetup) -> int:
     return 2 * shard + grads  # the shard to the GPU for forward and again for backward, the grads out
 
 
+# bitsandbytes' Linear4bit dequantizes its NF4 weight to the compute dtype in the forward (MatMul4Bit.forward /
+# dequantize_4bit) and again in the backward for the input gradient (MatMul4Bit.backward), and once more when
+# checkpointing recomputes the forward: per pass it reads the 4-bit weight (0.5 B/param, the absmax besides) and writes
+# then reads the half copy (2 + 2 B/param) -- memory traffic at the GPU's bandwidth, a lower bound: the kernels'
+# own inefficiency on small matrices is not modelled
+DEQUANTIZE_BYTES_PER_PARAM_PASS = 4.5
+
+
+def dequantize_seconds(setup: TrainingSetup) -> float:
+    """Seconds per micro-batch step the 4-bit weights' dequantization costs (0 unless QLoRA)."""
+    if setup.method is not Method.QLORA:
+        return 0.0
+    passes = 3 if setup.checkpointing else 2
+    traffic = passes * quantized_parameters(setup) * DEQUANTIZE_BYTES_PER_PARAM_PASS
+    return traffic / setup.gpu.memory_bandwidth_bytes_per_s
+
+
 def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Route.PROCESS_PER_GPU) -> StepTime:
     """The step time of ``setup`` (per GPU; one GPU at a time on the device-map route)."""
     gpu = setup.gpu
@@ -237,7 +261,7 @@ def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Rou
     if route is Route.DEVICE_MAP:
         # activations (and their gradients) cross each GPU boundary once each way
         crossing = 2 * (setup.gpus - 1) * tokens * setup.model.hidden_size * act.stream_bytes(setup)
-        return StepTime(compute, crossing / peer, 0.0, 0.0, tokens)
+        return StepTime(compute, crossing / peer, 0.0, 0.0, tokens, dequantize_seconds(setup))
     # NB: NVLink within a node; between nodes the collectives cross the network, not modelled (the same link)
     collectives = collective_bytes(setup) / peer
     host = host_link_bytes(setup) / link
@@ -247,4 +271,27 @@ def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Rou
     parallel = 1 if setup.strategy is Strategy.SINGLE else setup.world_size
     if assumptions.overlap:
         compute, collectives, host = max(compute, collectives, host), 0.0, 0.0
-    return StepTime(compute, collectives, host, host_opt, parallel * tokens)
+    return StepTime(compute, collectives, host, host_opt, parallel * tokens, dequantize_seconds(setup))
+
+
+_CAUSES = (("compute_s", "more compute (recomputed forwards, smaller matmuls)"),
+           ("collectives_s", "more communication between GPUs"),
+           ("host_link_s", "states over the host link (PCIe) every step"),
+           ("host_optimizer_s", "the optimizer step on the CPU"),
+           ("dequantize_s", "4-bit weights dequantized in every pass"))
+
+
+def speed_change(before: TrainingSetup, after: TrainingSetup,
+                 assumptions: Assumptions = DEFAULT_ASSUMPTIONS) -> tuple[float, tuple[str, ...]]:
+    """``after``'s modelled tokens/s over ``before``'s (one change of the ladder), and the mechanisms that grew per
+    token (each term of :class:`StepTime` per token of the step)."""
+    old, new = step_time(before, assumptions), step_time(after, assumptions)
+    grew = tuple(words for name, words in _CAUSES
+                 if getattr(new, name) / new.tokens > getattr(old, name) / old.tokens * 1.01)
+    return new.tokens_per_s / old.tokens_per_s, grew
+
+
+def speed_words(before: TrainingSetup, after: TrainingSetup) -> str:
+    """``speed_change`` in words: "modelled speed 0.74x (states over the host link (PCIe) every step)"."""
+    ratio, grew = speed_change(before, after)
+    return f"modelled speed {ratio:.2f}x" + (f" ({'; '.join(grew)})" if grew else "")

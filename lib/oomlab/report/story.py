@@ -314,7 +314,9 @@ def recommended_fix(r: dict[str, Any]) -> str:
     if not rec:
         return "No remedy fits, so there is nothing to launch."
     steps = (plan.get("decision") or {}).get("steps") or []
-    rungs = "\n".join(f"- **{md_text(s['rung'])}** — {md_text(s['kind'])}: {md_text(s['cost'])}" for s in steps)
+    rungs = "\n".join(f"- **{md_text(s['rung'])}** — {md_text(s['kind'])}: {md_text(s['cost'])}; modelled speed "
+                      f"{s['speed_ratio']:.2f}× the step before it"
+                      + (f" ({md_text('; '.join(s['slower_by']))})" if s["slower_by"] else "") for s in steps)
     ladder = ("\n\nThe least disruptive change that fits with the margin, rung by rung (each kept only if the fit "
               f"needs it):\n\n{rungs}\n\n") if steps else " "
     return (f"**{md_text(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
