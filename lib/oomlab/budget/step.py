@@ -116,6 +116,11 @@ TINY_FAMILY_CONFIGS: Mapping[Family, Mapping[str, Any]] = MappingProxyType({
                    "tie_word_embeddings": False},
     Family.FALCON: {"model_type": "falcon", "multi_query": True, "parallel_attn": True, "bias": False,
                     "new_decoder_architecture": False, "alibi": False},
+    Family.GRANITEMOE: {"model_type": "granitemoe", "intermediate_size": 96, "num_key_value_heads": 2,
+                        "num_local_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": True},
+    Family.GPT_OSS: {"model_type": "gpt_oss", "intermediate_size": 96, "num_key_value_heads": 2, "head_dim": 32,
+                     "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 64,
+                     "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": False},
 })
 
 

@@ -56,7 +56,7 @@ FAMILY_MODELS: Mapping[Family, str] = {
     Family.GEMMA: "gemma-2b", Family.GEMMA2: "gemma-2-9b", Family.PHI: "phi-2", Family.PHI3: "phi-3-mini-4k",
     Family.GPT_NEOX: "pythia-1.4b", Family.STABLELM: "stablelm-2-1_6b", Family.OLMO2: "olmo-2-7b",
     Family.FALCON: "falcon-7b", Family.MIXTRAL: "mixtral-8x7b", Family.QWEN2_MOE: "qwen1.5-moe-a2.7b",
-    Family.QWEN3_MOE: "qwen3-30b-a3b",
+    Family.QWEN3_MOE: "qwen3-30b-a3b", Family.GRANITEMOE: "granite-3.0-3b-a800m", Family.GPT_OSS: "gpt-oss-20b",
 }
 
 # (label, make_setup keywords): the launches traced for every family
@@ -78,7 +78,7 @@ KNOWN_GAPS: Mapping[tuple[Family, int], str] = {
     (f, FSDP2_ROW): "tied embedding under FSDP2: the analytic FSDP2 phases (oomlab.budget.fsdp) model accelerate's "
                     "tail group for an untied LM head; the tied embedding's gathered weight and gradient are not "
                     "placed right yet"
-    for f in (Family.GEMMA, Family.GEMMA2, Family.FALCON)
+    for f in (Family.GEMMA, Family.GEMMA2, Family.FALCON, Family.GRANITEMOE)
 } | {
     (Family.FALCON, LORA_BF16_ROW): "Falcon at micro-batch 1 with checkpointing: the traced peak is inside a "
                                     "recomputed layer's backward, whose gradient temporaries the analytic budget "
@@ -101,7 +101,7 @@ def traced_model(family: Family) -> ModelSpec:
 
 def traced_setup(family: Family, index: int) -> TrainingSetup:
     knobs = dict(TRACED_SETUPS[index][1])
-    attention = "eager" if family is Family.GEMMA2 else "sdpa"  # transformers has no SDPA for Gemma-2
+    attention = "eager" if family in (Family.GEMMA2, Family.GPT_OSS) else "sdpa"  # no SDPA for Gemma-2, gpt-oss
     return make_setup(model=traced_model(family), gpu=GPU, attention=attention, **knobs)
 
 
