@@ -18,12 +18,14 @@ from typing import Any
 
 from oomlab.budget.display import configured_sentence, training_words
 from oomlab.budget.result import MemCategory, outside_figure, outside_note
+from oomlab.budget.snapshot import STEP_SNAPSHOT_NAME
 from oomlab.core.choices import Method, Strategy
 from oomlab.core.gpus import load_gpu
 from oomlab.core.markdown import md_code, md_text
 from oomlab.core.seed import is_seed_case
 from oomlab.core.units import format_signed_size, format_size
 from oomlab.core.words import agree, count
+from oomlab.explanation.snapshot_format import read_snapshot
 from oomlab.launch.paths import ROWS, path_of, path_table
 from oomlab.launch.prose import launch_section
 from oomlab.launch.read import UserLaunch
@@ -34,7 +36,7 @@ from oomlab.remedies.plan import Outcome
 from oomlab.remedies.remedy import Remedy
 from oomlab.remedies.verdict import VerdictFacts, render_verdict
 from oomlab.remedies.verification import Verification, verify_rows
-from oomlab.report.figures import BarRow, RemedyBar, plot_budget_bars, plot_remedies
+from oomlab.report.figures import BarRow, RemedyBar, plot_budget_bars, plot_remedies, snapshot_timeline_svg
 from oomlab.report.results import NOTEBOOK_RESULTS
 from oomlab.reproduction import summary
 from oomlab.reproduction.honesty import render_honesty_record
@@ -282,6 +284,18 @@ def accuracy(r: dict[str, Any]) -> str:
             f"fragmentation, every verdict here keeps a {m['fraction']:.0%} margin, and a fit inside it reads "
             "\"tight\".")
 
+
+def step_timeline_svg(r: dict[str, Any], run_dir: str | Path = ".") -> str | None:
+    """The configured step over time (inline SVG), drawn from the memory snapshot the budget notebook wrote into the
+    run's folder (``results/step-snapshot.pickle``, read with the restricted reader) against one GPU's capacity;
+    None when the run wrote none."""
+    path = Path(run_dir) / "results" / STEP_SNAPSHOT_NAME
+    if not path.is_file():
+        return None
+    configured = r["budget"]["configured"]
+    outside = int(configured["components"].get(MemCategory.OUTSIDE_PYTORCH.value, 0))
+    return snapshot_timeline_svg(read_snapshot(path), int(configured["capacity_bytes"]), outside,
+                                 title=f"{model_name(configured['model'])}: one training step over time")
 
 def evidence_of_budget(r: dict[str, Any]) -> str:
     agreement = r["budget"]["agreement"]
