@@ -108,7 +108,10 @@ def launch_note(setup: TrainingSetup) -> str:
         precision = (f"{setup.precision.value} under accelerate (or the HF Trainer): torch.autocast({half}) around the "
                      "forward over fp32 weights, their half copies cached until the forward ends; outputs converted "
                      "to fp32")
-    if setup.method is not Method.FULL and setup.precision is not Precision.FP32:
+    if states.kbit_upcast(setup):
+        precision += (f"; the frozen base in 4 bits (computed in {half}), its other parameters upcast to fp32 by "
+                      "peft's prepare_model_for_kbit_training, peft's adapters in fp32")
+    elif setup.method is not Method.FULL and setup.precision is not Precision.FP32:
         precision += f"; the frozen base stored in {half}, peft's adapters in fp32"
     return precision + "; " + _OPTIMIZER_NOTES[setup.optimizer]
 
@@ -157,7 +160,7 @@ def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None,
     components = dict(at_peak)
     components[MemCategory.ALLOCATOR_OVERHEAD] = round(ALLOCATOR_FRAGMENTATION * transient) + 2 * MiB
     components[MemCategory.OUTSIDE_PYTORCH] = outside
-    key = (setup.strategy, setup.precision, setup.method, setup.optimizer)
+    key = (setup.strategy, setup.precision, setup.method, setup.optimizer, states.kbit_upcast(setup))
     if key not in _LAUNCH_NOTES:
         _LAUNCH_NOTES[key] = launch_note(setup)
     notes = (
