@@ -53,6 +53,8 @@ def test_the_deepspeed_json_carries_the_fix(deepspeed_run) -> None:
     assert "--deepspeed ds_zero2.json" in launch and launch.count("--deepspeed") == 1
     assert "--per_device_train_batch_size 1" in launch and "--gradient_accumulation_steps 16" in launch
     assert "--gradient_checkpointing" in launch
+    # where to make it says the same accumulation: the user's 2 times the ladder's 8, not the ladder's alone
+    assert any("--gradient_accumulation_steps 16" in how for how in r.smallest_fix.how), r.smallest_fix.how
     # the JSON as changed, read back by the same reader: the fixed strategy and batch
     ds.write_text(changed.after)
     fixed = read_launch(LaunchInputs(command=launch, model="llama-2-7b", gpu="a10g", command_dir=str(ds.parent)))

@@ -190,6 +190,12 @@ def _change(step: Step) -> tuple[str, str]:
     return knob, "on" if knob == "checkpointing" else str(plain(getattr(s, knob)))
 
 
+def _given_accumulation(launch: UserLaunch) -> int:
+    """The user's gradient accumulation (1 where the launch does not set it): the ladder multiplies it."""
+    given = launch.fields.get("accumulation")
+    return given.value if given is not None and isinstance(given.value, int) else 1
+
+
 def _how(launch: UserLaunch, step: Step) -> str:
     """Where to make one change, from the origin of the field it changes, and what it costs."""
     knob, shown = _change(step)
@@ -212,7 +218,8 @@ def _how(launch: UserLaunch, step: Step) -> str:
     style = flag_style(launch.command)
     flags = {"checkpointing": style.spell("checkpointing", None), "seq": style.spell("seq", str(fix.seq)),
              "optimizer": style.spell("optim", _OPTIM_FLAGS[fix.optimizer].split()[-1]),
-             "batch": f"{style.spell('batch', str(fix.batch))} {style.spell('accumulation', str(step.accumulation))}",
+             "batch": f"{style.spell('batch', str(fix.batch))} "
+                      f"{style.spell('accumulation', str(_given_accumulation(launch) * step.accumulation))}",
              "gpus": f"{fix.gpus} processes per node (torchrun --nproc_per_node, accelerate --num_processes, "
                      "deepspeed --num_gpus)",
              "method": "a peft LoraConfig (adapter_config.json)" + (" over a bitsandbytes 4-bit base" if fix.method
@@ -246,10 +253,8 @@ def _fix_launch(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile
         elif knob == "seq":
             text = style.set(text, "seq", str(s.seq))
         elif knob == "batch":  # the user's accumulation (1 when not given) times the ladder's
-            given = launch.fields.get("accumulation")
-            before = given.value if given is not None else 1
             text = style.set(text, "batch", str(s.batch))
-            text = style.set(text, "accumulation", str(before * decision.accumulation))
+            text = style.set(text, "accumulation", str(_given_accumulation(launch) * decision.accumulation))
         elif knob == "optimizer":
             text = style.set(text, "optim", _OPTIM_FLAGS[s.optimizer].split()[-1])
         elif knob == "gpus":

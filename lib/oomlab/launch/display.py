@@ -98,7 +98,7 @@ def render_check(result: CheckResult) -> str:
             lines.append(f"  launch: {fix.launch}")
             for changed in fix.files:  # the user's own files with the fix: + changed or added, - removed
                 lines += ["", f"  {changed.path} ({changed.kind.value}, {changed.changed_lines} line(s) changed):"]
-                lines += [f"    {line}" for line in changed.marked]
+                lines += [f"    {line}" for line in changed.hunks()]
     if result.launch.unmodelled:
         lines += ["", f"not modelled ({len(result.launch.unmodelled)}, those that could change memory most "
                   "first):"]
@@ -128,6 +128,6 @@ def render_markdown(result: CheckResult) -> str:
         out += ["", md_code_block(fix.launch)]
         for changed in fix.files:
             out += ["", f"{md_code(changed.path)}, changed lines marked `+` (was `-`):", "",
-                    md_code_block("\n".join(changed.marked), "diff")]
+                    md_code_block("\n".join(changed.hunks()), "diff")]
     out += ["", "**Assumptions.**"] + [f"- {md_text(a)}" for a in _assumptions(result)]
     return "\n".join(out)

@@ -89,6 +89,19 @@ class ChangedFile:
         diff = difflib.ndiff(self.before.splitlines(), self.after.splitlines())
         return tuple(line for line in diff if not line.startswith("? "))
 
+    def hunks(self, context: int = 2) -> tuple[str, ...]:
+        """:attr:`marked`, only the changed lines and ``context`` lines around each (``...`` between)."""
+        marked = self.marked
+        near = {j for i, line in enumerate(marked) if line[:1] in "+-"
+                for j in range(i - context, i + context + 1)}
+        out: list[str] = []
+        for i, line in enumerate(marked):
+            if i in near:
+                if out and i - 1 not in near:
+                    out.append("  ...")
+                out.append(line)
+        return tuple(out)
+
     @property
     def changed_lines(self) -> int:
         return sum(line.startswith("+ ") for line in self.marked)

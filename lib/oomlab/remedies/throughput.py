@@ -294,4 +294,4 @@ def speed_change(before: TrainingSetup, after: TrainingSetup,
 def speed_words(before: TrainingSetup, after: TrainingSetup) -> str:
     """``speed_change`` in words: "modelled speed 0.74x (states over the host link (PCIe) every step)"."""
     ratio, grew = speed_change(before, after)
-    return f"modelled speed {ratio:.2f}x" + (f" ({'; '.join(grew)})" if grew else "")
+    return f"modelled speed {ratio:.2f}x" + (f" ({'; '.join(grew)})" if grew and ratio < 1 else "")
