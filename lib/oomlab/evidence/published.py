@@ -45,6 +45,7 @@ PUBLISHED_DOC = REPO_ROOT / "docs" / "published-measurements.md"
 TRUSTED = (Reliability.HIGH, Reliability.MEDIUM)
 # issue 24's targets: QLoRA rows' median |error|, every high/medium-reliability row's |error|, MoE QLoRA rows' |error|
 QLORA_MEDIAN_TARGET, TRUSTED_TARGET, MOE_QLORA_TARGET = 0.10, 0.15, 0.15
+HF_PEFT_QLORA_SOURCES = ("fms-acceleration", "unsloth-readme-hf-fa2")  # transformers + peft's prepared QLoRA
 REGENERATE = ".venv/bin/python -m oomlab.evidence published"
 
 
@@ -334,15 +335,18 @@ def _stack(row: PublishedRow) -> str:
 
 def _upcast_line(comparisons: Sequence[Comparison]) -> str:
     """The HF + peft QLoRA rows with and without peft's fp32 upcast (the same rows estimated before peft 0.4.0)."""
-    rows = [c for c in comparisons if c.error is not None and c.row.source == "unsloth-readme-hf-fa2"]
+    rows = [c for c in comparisons if c.error is not None and c.row.source in HF_PEFT_QLORA_SOURCES
+            and c.row.setup_kwargs["method"] == "qlora"]
     without = [figure_bytes(estimate(**{**c.row.setup_kwargs, "versions": {**c.row.setup_kwargs["versions"],
                                                                             "peft": "0.3.0"}}), c.figure)
                / c.row.value_bytes - 1 for c in rows]
-    return (f"7. **QLoRA as peft prepares it.** The one Hugging Face + peft QLoRA curve (unsloth's HF + FA2 baseline, "
-            f"{len(rows)} cards) reads {_pct(min(c.error for c in rows))} … {_pct(max(c.error for c in rows))} with "
-            "prepare_model_for_kbit_training's fp32 upcast (fp32 embedding, norms and head; an fp32 residual stream "
-            f"and checkpointed inputs) and {_pct(min(without))} … {_pct(max(without))} without it (the same rows "
-            "estimated at peft 0.3.0). torchtune and litgpt run no peft preparation, and their QLoRA gaps stay.")
+    low, high = min(c.error for c in rows), max(c.error for c in rows)
+    return (f"7. **QLoRA as peft prepares it.** The Hugging Face + peft QLoRA rows (fms-acceleration's "
+            f"baseline-peft-bnb and unsloth's HF + FA2 baseline, {len(rows)} rows, Mixtral's included) read "
+            f"{_pct(low)} … {_pct(high)} with prepare_model_for_kbit_training's fp32 upcast (fp32 embedding, norms and "
+            "head; an fp32 residual stream and checkpointed inputs) and "
+            f"{_pct(min(without))} … {_pct(max(without))} without it (the same rows estimated at peft 0.3.0). "
+            "torchtune and litgpt run no peft preparation, and their QLoRA gaps stay.")
 
 
 def render_markdown(comparisons: Sequence[Comparison]) -> str:
@@ -352,7 +356,8 @@ def render_markdown(comparisons: Sequence[Comparison]) -> str:
         "# Published measurements against the estimate", "",
         f"{len(comparisons)} peak-memory figures measured on real GPUs and published with their settings (PEFT's "
         "MetaMathQA benchmark, torchtune's README tables, tutorials and PR #961, litgpt's config hub, PEFT's "
-        "FSDP/DeepSpeed docs, unsloth's README for its Hugging Face + FA2 baseline), each compared with oomlab's "
+        "FSDP/DeepSpeed docs, unsloth's README for its Hugging Face + FA2 baseline, fms-acceleration's reference "
+        "benchmarks), each compared with oomlab's "
         "analytic estimate of the setup it maps to. Sources, "
         "commits and the researcher's caveats: `lib/oomlab/data/published-measurements.json` (each row's "
         "`published` part is copied verbatim). Nothing is fitted to these rows; the error is estimate / published "

@@ -192,7 +192,8 @@ class PublishedRow:
 
 
 SOURCE_PREFIXES = ("peft-metamathqa", "torchtune-readme-flags", "torchtune-readme-llama31", "torchtune-tutorial",
-                   "torchtune-pr961", "litgpt-confighub", "peft-docs", "unsloth-readme-hf-fa2")
+                   "torchtune-pr961", "litgpt-confighub", "peft-docs", "unsloth-readme-hf-fa2",
+                   "fms-acceleration")
 
 
 def _row_from_dict(raw: Mapping[str, Any]) -> PublishedRow:
