@@ -45,6 +45,7 @@ from oomlab.launch.read import (
     training_claims,
 )
 from oomlab.launch.script_defaults import script_claims
+from oomlab.launch.trained_dtype import trained_precision
 from oomlab.launch.trl_config import VERSION as TRL
 
 
@@ -352,6 +353,10 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     kind = given_trainer or (framework.trainer if framework is not None else trainer_default(cmd is not None))
     reference = framework.reference if framework is not None and framework.reference is not None else \
         Sourced(Reference.DEFAULT, default_origin("the trainer", "its reference model as its config defaults it"))
+    trained, refused = trained_precision(fields["precision"], fields.get("load_dtype"), strategy, method.value)
+    if trained is not fields["precision"]:  # half-loaded weights under DDP train in half
+        fields["precision"], precision = trained, trained.value
+        unmodelled += [refused] if refused is not None else []
     setup = make_setup(strategy=strategy, precision=precision, optimizer=fields["optimizer"].value,
                        trainer=kind.value, reference=reference.value, **common)
     zero3 = _zero3_init(refs, trainer)

@@ -130,7 +130,8 @@ def answer(r: dict[str, Any]) -> str:
         parts.append(otherwise_sentence(Remedy.from_dict(rec), rank, plan["recommendation_note"] if rank != 1 else "",
                                         md_text))
     elif plan.get("outcome") == Outcome.HOST_RAM.value or not configured["fits"]:
-        parts.append(render_verdict(VerdictFacts.from_dict(plan["verdict"])))  # as plan's display words it
+        parts.append(render_verdict(VerdictFacts.from_dict(plan["verdict"])) if plan.get("verdict") else
+                     "**No configuration oomlab knows fits these GPUs** (see the remedies below).")
     if plan.get("host_ram_assumed"):
         parts.append(f"Host RAM is an assumption: {format_size(plan['host_ram_bytes'])} per node "
                      f"({md_text(plan['host_ram_source'])}); set `host_ram` to your machine's.")

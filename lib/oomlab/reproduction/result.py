@@ -82,7 +82,8 @@ class ReproduceResult:
         failing = None if ft is None else FailingTensor(name=ft["name"], kind=TensorKind(ft["kind"]),
                                                         shape=tuple(ft["shape"]), dtype=ft["dtype"],
                                                         nbytes=int(ft["nbytes"]))
-        steps = tuple(WalkStep(**{**step, "kind": TensorKind(step["kind"]), "shape": tuple(step["shape"])}) for step in data.get("steps", ()))
+        steps = tuple(WalkStep(**{**step, "kind": TensorKind(step["kind"]), "shape": tuple(step["shape"])})
+                      for step in data.get("steps", ()))
         return cls(**{k: data[k] for k in known}, failing_tensor=failing, frames=tuple(data["frames"]),
                    traceback=tuple((str(f), int(n), str(fn)) for f, n, fn in data["traceback"]), steps=steps)
 
