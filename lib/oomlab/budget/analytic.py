@@ -120,7 +120,8 @@ def versions_notes(setup: TrainingSetup) -> tuple[str, ...]:
     """The releases the budget assumes (given or installed) and what they change here (:mod:`oomlab.core.versions`)."""
     v = setup.versions
     notes = [f"versions: {v.describe()}"]
-    older = [f for f in FACTS if not applies(f, v) and f is not Fact.PEFT_KBIT_UPCAST
+    # the Trainer's default optimizer is a launch fact (the launch reader's), not one of this budget's terms
+    older = [f for f in FACTS if not applies(f, v) and f not in (Fact.PEFT_KBIT_UPCAST, Fact.TRAINER_FUSED_ADAMW)
              and (f is not Fact.BNB_DROPS_SAVED_INPUT or setup.method is Method.QLORA)
              and (f is not Fact.MOE_EXPERTS_3D or (setup.method is Method.QLORA and states.has_experts(setup)))]
     notes += [f"before {f.release_text}: {f.text.split('; before, ')[-1]}" for f in older]

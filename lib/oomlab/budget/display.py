@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.analytic import estimate_setup, versions_notes
 from oomlab.budget.inventory import model_states
 from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
 from oomlab.budget.trainers import trainer_terms
@@ -39,6 +39,7 @@ def render_budget(result: BudgetResult) -> str:
         ("fits, headroom " if result.fits else "DOES NOT FIT, short by ")
         + format_size(abs(result.headroom_bytes)),
         f"host RAM needed: {format_size(result.host_ram_bytes)}",
+        *versions_notes(s),  # the releases assumed (given or installed) and what they change here
     ]
     if s.trainer is not Trainer.SFT:  # the trainer's own terms, each with its source (oomlab.budget.trainers)
         lines += [f"  {line}" for line in trainer_terms(s).lines]
