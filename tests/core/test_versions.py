@@ -98,7 +98,7 @@ BOUNDARIES = [
     (Fact.LOSS_UPCASTS_LOGITS, "transformers", "4.45.2", "4.46.0"),
     (Fact.LOSS_SHIFTS_LABELS, "transformers", "4.48.3", "4.49.0"),
     (Fact.MOE_EXPERTS_3D, "transformers", "4.57.1", "5.0.0"),
-    (Fact.TRAINER_FUSED_ADAMW, "transformers", "4.54.1", "4.55.0"),
+    (Fact.TRAINER_FUSED_ADAMW, "transformers", "4.53.3", "4.54.0"),
 ]
 
 
@@ -151,3 +151,14 @@ def test_pipeline_parameter_is_canonical_pins(tmp_path) -> None:
     assert canonical(str(tmp_path / "freeze.txt")) == "peft==0.7.1"
     with pytest.raises(InvalidValueError, match="invalid version 'x' for peft"):
         canonical("peft==x")
+
+
+@pytest.mark.parametrize(("pins", "optim"), [
+    ("transformers==4.54.0,torch==2.8.0", "adamw_torch_fused"),
+    ("transformers==4.54.0,torch==2.7.1", "adamw_torch"),  # the release waits for torch 2.8
+    ("transformers==4.53.3,torch==2.8.0", "adamw_torch"),
+])
+def test_trainer_default_optimizer(pins: str, optim: str) -> None:
+    from oomlab.core.versions import trainer_default_optimizer
+
+    assert trainer_default_optimizer(parse_versions(pins)) == optim

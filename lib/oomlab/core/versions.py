@@ -25,7 +25,7 @@ from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.user_input import read_user_text, shown
 
 __all__ = ["FACTS", "Fact", "Versions", "applies", "installed_versions", "parse_versions", "read_freeze_file",
-           "versions_from"]
+           "trainer_default_optimizer", "versions_from"]
 
 Release = tuple[int, ...]
 
@@ -221,10 +221,11 @@ class Fact(enum.Enum):
         "transformers 5.x models/mixtral/modeling_mixtral.py:57-66 (class MixtralExperts, 'Collection of expert "
         "weights stored as 3D tensors'); 4.x MixtralBlockSparseTop2MLP: w1, w2, w3 = nn.Linear")
     TRAINER_FUSED_ADAMW = (
-        "trainer-fused-adamw", "transformers", (4, 55, 0),
+        "trainer-fused-adamw", "transformers", (4, 54, 0),
         "TrainingArguments' default optim is adamw_torch_fused where torch >= 2.8; before, adamw_torch (foreach)",
-        "transformers training_args.py:811 (default_optim = 'adamw_torch_fused', under torch >= 2.8; 5.24 line; "
-        "NB: the first release is inferred from the torch 2.8 release it waits for)")
+        "transformers training_args.py:811 in 5.24 (default_optim = 'adamw_torch_fused' under torch >= 2.8), added by "
+        "PR #37358 'Defaults to adamw_torch_fused for Pytorch>=2.8' (merged 2025-07; NB: 4.54.0 is the first release "
+        "after the merge, inferred from its date)")
 
     @property
     def release_text(self) -> str:
@@ -239,6 +240,14 @@ FACTS = tuple(Fact)
 # their own MoE and optimizer code (the newest).
 FRAMEWORK_BEHAVIOUR = {Fact.PEFT_KBIT_UPCAST: False, Fact.LOSS_UPCASTS_LOGITS: True, Fact.LOSS_SHIFTS_LABELS: True,
                        Fact.MOE_EXPERTS_3D: True, Fact.TRAINER_FUSED_ADAMW: True}
+
+
+def trainer_default_optimizer(versions: Versions) -> str:
+    """The HF Trainer's ``optim`` when none is given: ``adamw_torch_fused`` from transformers 4.54 under torch >= 2.8
+    (:attr:`Fact.TRAINER_FUSED_ADAMW`), else ``adamw_torch``."""
+    torch = versions.release("torch")
+    fused = applies(Fact.TRAINER_FUSED_ADAMW, versions) and (torch is None or torch >= (2, 8))
+    return "adamw_torch_fused" if fused else "adamw_torch"
 
 
 def applies(fact: Fact, versions: Versions) -> bool:
