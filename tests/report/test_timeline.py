@@ -114,17 +114,21 @@ def test_snapshot_timeline_svg_of_the_pipeline_snapshot(tmp_path) -> None:
 
 
 def test_story_draws_the_run_snapshot(tmp_path) -> None:
-    """The report's story draws the run's results/step-snapshot.pickle against the configured budget's capacity,
-    reading only what budget_results writes; a run without the file gets None."""
+    """The report's story draws the run's results/step-snapshot.pickle (a matplotlib figure: the report embeds
+    rasters only) against the configured budget's capacity, reading only what budget_results writes; a run without
+    the file gets None."""
     from oomlab.budget.snapshot import STEP_SNAPSHOT_NAME, write_snapshot
     from oomlab.report import story
 
     result = estimate(**FITS)
     r = {"budget": {"configured": result.to_dict()}}
-    assert story.step_timeline_svg(r, tmp_path) is None
+    assert story.plot_step_timeline(r, tmp_path) is None
     (tmp_path / "results").mkdir()
     write_snapshot(result, tmp_path / "results" / STEP_SNAPSHOT_NAME)
-    shown = texts(story.step_timeline_svg(r, tmp_path))
-    assert f"allocations and frees of one step, in order (peak {format_size(result.allocated_peak_bytes)})" in shown
+    fig = story.plot_step_timeline(r, tmp_path)
+    ax = fig.axes[0]
+    shown = {t.get_text() for t in ax.texts} | {t.get_text() for t in ax.get_legend().get_texts()}
+    assert f"allocations and frees of one step, in order (peak {format_size(result.allocated_peak_bytes)})" in \
+        ax.get_xlabel()
     assert f"capacity {format_size(result.capacity_bytes)}" in shown
-    assert {"forward", "optimizer"} <= set(shown)
+    assert {"forward", "optimizer"} <= shown

@@ -458,13 +458,54 @@ def memory_timeline_svg(series: TimelineSeries, title: str = "", width: int = 76
     return "\n".join(out)
 
 
-def snapshot_timeline_svg(snapshot: MemorySnapshot, capacity_bytes: int | None = None,
-                          outside_bytes: int | None = None, title: str = "", device: int = 0) -> str:
-    """A snapshot's trace over time as :func:`memory_timeline_svg` draws it: the pipeline's own
-    (``results/step-snapshot.pickle``, budget.snapshot.STEP_SNAPSHOT_NAME) or a user's, against the GPU's capacity
-    and what PyTorch may use of it (the capacity less ``outside_bytes``) where they are known."""
+def snapshot_series(snapshot: MemorySnapshot, capacity_bytes: int | None = None, outside_bytes: int | None = None,
+                    device: int = 0) -> TimelineSeries:
+    """A snapshot's trace over time -- the pipeline's own (``results/step-snapshot.pickle``,
+    budget.snapshot.STEP_SNAPSHOT_NAME) or a user's -- against the GPU's capacity and what PyTorch may use of it (the
+    capacity less ``outside_bytes``) where they are known."""
     available = None if capacity_bytes is None or outside_bytes is None else capacity_bytes - outside_bytes
     source = ("oomlab's simulated snapshot: " + snapshot.simulated_by if snapshot.simulated_by
               else "a torch memory snapshot's trace")
-    series = TimelineSeries.of_snapshot(memory_timeline(snapshot, device), capacity_bytes, available, source)
-    return memory_timeline_svg(series, title)
+    return TimelineSeries.of_snapshot(memory_timeline(snapshot, device), capacity_bytes, available, source)
+
+
+def snapshot_timeline_svg(snapshot: MemorySnapshot, capacity_bytes: int | None = None,
+                          outside_bytes: int | None = None, title: str = "", device: int = 0) -> str:
+    """:func:`snapshot_series` as :func:`memory_timeline_svg` draws it (the explorer, notebook 02)."""
+    return memory_timeline_svg(snapshot_series(snapshot, capacity_bytes, outside_bytes, device), title)
+
+
+def plot_memory_timeline(series: TimelineSeries, title: str = "") -> Any:
+    """:class:`TimelineSeries` as a matplotlib figure (the report's pictures are embedded rasters): the categories
+    stacked, the phases shaded and named, the capacity and what PyTorch may use of it, the OOM point."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.2), dpi=110)
+    ax = fig.subplots()
+    drawn = [c for c in series.colors if any(p.get(c, 0) for p in series.points)]
+    xs = list(range(len(series.points)))
+    ax.stackplot(xs, [[p.get(c, 0) / GiB for p in series.points] for c in drawn], labels=drawn,
+                 colors=[series.colors[c] for c in drawn], alpha=0.9)
+    top = max([series.peak_bytes, series.capacity_bytes or 0]) / GiB * 1.12 or 1
+    for k, (phase, first, last) in enumerate(series.phases):
+        ax.axvspan(first - 0.5, last - 0.5, color="grey", alpha=0.12 if k % 2 else 0.04)
+        ax.text((first + last) / 2, top * 0.97, phase, ha="center", va="top", fontsize=7)
+    for value, label, style in ((series.capacity_bytes, "capacity", "-"),
+                                (series.available_bytes, "what PyTorch may use", "--")):
+        if value is not None:
+            ax.axhline(value / GiB, color="black", linestyle=style, linewidth=1, label=f"{label} {format_size(value)}")
+    if series.oom_point is not None:
+        at = sum(series.points[series.oom_point].values()) / GiB
+        asked = "" if series.oom_size_bytes is None else f": {format_size(series.oom_size_bytes)} asked"
+        ax.plot([series.oom_point], [at], marker="o", color="#b42318")
+        ax.annotate("out of memory" + asked, (series.oom_point, at), xytext=(6, 6), textcoords="offset points",
+                    color="#b42318", fontsize=8)
+    ax.set_xlim(-0.5, max(len(xs) - 0.5, 0.5))
+    ax.set_ylim(0, top)
+    ax.set_xlabel(f"allocations and frees of one step, in order (peak {format_size(series.peak_bytes)}); "
+                  f"source: {series.source}", fontsize=8)
+    ax.set_ylabel("GiB allocated")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.tight_layout()
+    return fig

@@ -36,7 +36,14 @@ from oomlab.remedies.plan import Outcome
 from oomlab.remedies.remedy import Remedy
 from oomlab.remedies.verdict import VerdictFacts, render_verdict
 from oomlab.remedies.verification import Verification, verify_rows
-from oomlab.report.figures import BarRow, RemedyBar, plot_budget_bars, plot_remedies, snapshot_timeline_svg
+from oomlab.report.figures import (
+    BarRow,
+    RemedyBar,
+    plot_budget_bars,
+    plot_memory_timeline,
+    plot_remedies,
+    snapshot_series,
+)
 from oomlab.report.results import NOTEBOOK_RESULTS
 from oomlab.reproduction import summary
 from oomlab.reproduction.honesty import render_honesty_record
@@ -286,17 +293,18 @@ def accuracy(r: dict[str, Any]) -> str:
             "\"tight\".")
 
 
-def step_timeline_svg(r: dict[str, Any], run_dir: str | Path = ".") -> str | None:
-    """The configured step over time (inline SVG), drawn from the memory snapshot the budget notebook wrote into the
-    run's folder (``results/step-snapshot.pickle``, read with the restricted reader) against one GPU's capacity;
-    None when the run wrote none."""
+def plot_step_timeline(r: dict[str, Any], run_dir: str | Path = ".") -> Any:
+    """The configured step over time, drawn from the memory snapshot the budget notebook wrote into the run's folder
+    (``results/step-snapshot.pickle``, read with the restricted reader) against one GPU's capacity; None when the run
+    wrote none."""
     path = Path(run_dir) / "results" / STEP_SNAPSHOT_NAME
     if not path.is_file():
         return None
     configured = r["budget"]["configured"]
     outside = int(configured["components"].get(MemCategory.OUTSIDE_PYTORCH.value, 0))
-    return snapshot_timeline_svg(read_snapshot(path), int(configured["capacity_bytes"]), outside,
-                                 title=f"{model_name(configured['model'])}: one training step over time")
+    series = snapshot_series(read_snapshot(path), int(configured["capacity_bytes"]), outside)
+    return plot_memory_timeline(series, f"{model_name(configured['model'])}: one training step over time")
+
 
 def evidence_of_budget(r: dict[str, Any]) -> str:
     agreement = r["budget"]["agreement"]
