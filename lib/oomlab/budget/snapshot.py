@@ -83,31 +83,31 @@ class _Layout:
         self.next = BASE_ADDRESS
 
     def segments(self) -> dict[int, tuple[int, Pool]]:
-        return dict(self.allocator._segments)
+        return self.allocator.segments()
 
     def address(self, segment: int, offset: int = 0) -> int:
         if segment not in self.base:
-            size = self.allocator._segments[segment][0]
+            size = self.allocator.segments()[segment][0]
             self.base[segment] = self.next
             self.next += -(-size // SEGMENT_ALIGN) * SEGMENT_ALIGN
         return self.base[segment] + offset
 
     def block_of(self, handle: int) -> Any:
-        return self.allocator._live[handle]
+        return self.allocator.live_blocks()[handle]
 
     def dump(self, frames_of: Mapping[int, list[dict[str, Any]]]) -> tuple[dict[str, Any], ...]:
         """Every segment with its blocks in address order, as torch's ``_snapshot`` lays them out."""
-        blocks: dict[int, list[dict[str, Any]]] = {s: [] for s in self.allocator._segments}
-        for handle, b in self.allocator._live.items():
+        segments = self.allocator.segments()
+        blocks: dict[int, list[dict[str, Any]]] = {s: [] for s in segments}
+        for handle, b in self.allocator.live_blocks().items():
             blocks[b.segment].append({"address": self.address(b.segment, b.offset), "size": b.size,
                                       "requested_size": b.requested, "state": "active_allocated",
                                       "frames": frames_of[handle]})
-        for pool in self.allocator._free.values():
-            for _, b in pool:
-                blocks[b.segment].append({"address": self.address(b.segment, b.offset), "size": b.size,
-                                          "requested_size": 0, "state": "inactive", "frames": []})
+        for b in self.allocator.free_blocks():
+            blocks[b.segment].append({"address": self.address(b.segment, b.offset), "size": b.size,
+                                      "requested_size": 0, "state": "inactive", "frames": []})
         out = []
-        for seg, (size, pool) in sorted(self.allocator._segments.items(), key=lambda kv: self.address(kv[0])):
+        for seg, (size, pool) in sorted(segments.items(), key=lambda kv: self.address(kv[0])):
             bs = sorted(blocks[seg], key=lambda b: b["address"])
             allocated = sum(b["size"] for b in bs if b["state"] == "active_allocated")
             out.append({"device": 0, "address": self.address(seg), "total_size": size, "allocated_size": allocated,

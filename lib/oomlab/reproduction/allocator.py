@@ -243,6 +243,18 @@ class CachingAllocator:
     def allocated_bytes(self) -> int:
         return self._allocated
 
+    def segments(self) -> dict[int, tuple[int, Pool]]:
+        """Every segment cudaMalloc'd: id -> (size, pool) (a copy)."""
+        return dict(self._segments)
+
+    def live_blocks(self) -> dict[int, Block]:
+        """Every allocated block by its handle (a copy of the mapping; blocks are the allocator's own)."""
+        return dict(self._live)
+
+    def free_blocks(self) -> list[Block]:
+        """Every cached free block, both pools."""
+        return [b for pool in self._free.values() for _, b in pool]
+
     @property
     def free_device_bytes(self) -> int:
         """What cudaMemGetInfo would report free on the device."""
