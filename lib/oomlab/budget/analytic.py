@@ -116,8 +116,19 @@ def launch_note(setup: TrainingSetup) -> str:
     return precision + "; " + _OPTIMIZER_NOTES[setup.optimizer]
 
 
+_VERSIONS_NOTES: BoundedMemo[tuple, tuple[str, ...]] = BoundedMemo()
+
+
 def versions_notes(setup: TrainingSetup) -> tuple[str, ...]:
-    """The releases the budget assumes (given or installed) and what they change here (:mod:`oomlab.core.versions`)."""
+    """The releases the budget assumes (given or installed) and what they change here (:mod:`oomlab.core.versions`),
+    memoised on what they depend on."""
+    key = (setup.versions, setup.method, setup.precision, states.kbit_upcast(setup), states.has_experts(setup))
+    if key not in _VERSIONS_NOTES:
+        _VERSIONS_NOTES[key] = _versions_notes(setup)
+    return _VERSIONS_NOTES[key]
+
+
+def _versions_notes(setup: TrainingSetup) -> tuple[str, ...]:
     v = setup.versions
     notes = [f"versions: {v.describe()}"]
     # the Trainer's default optimizer is a launch fact (the launch reader's), not one of this budget's terms

@@ -49,7 +49,12 @@ def trainable_parameters(setup: TrainingSetup) -> int:
 
 def has_experts(setup: TrainingSetup) -> bool:
     """Is the model a mixture of experts (some layer with experts)?"""
-    return any(layout.experts for layout in setup.model.layer_layouts)
+    return _has_experts(setup.model)
+
+
+@lru_cache(maxsize=256)
+def _has_experts(spec: ModelSpec) -> bool:
+    return any(layout.experts for layout in spec.layer_layouts)
 
 
 def experts_quantized(setup: TrainingSetup) -> bool:

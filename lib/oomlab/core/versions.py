@@ -18,9 +18,10 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import metadata
 
+from oomlab.core.choices import Choice
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.user_input import read_user_text, shown
 
@@ -81,11 +82,16 @@ class Versions:
             return Origin.GIVEN
         return Origin.INSTALLED if self.release(package) is not None else None
 
-    @property
+    @cached_property
     def framework(self) -> str:
         """The training code: ``torchtune`` or ``litgpt`` when the user names one (their own model and loop, no peft),
         else ``transformers`` (with peft's adapters)."""
         return next((f for f in FRAMEWORKS if self.release(f) is not None), "transformers")
+
+    @cached_property
+    def answers(self) -> dict[Fact, bool]:
+        """Every fact answered once for these releases (:func:`applies` reads it: the budget asks per estimate)."""
+        return {fact: _applies(fact, self) for fact in Fact}
 
     def describe(self) -> str:
         """``transformers 4.31.0 (given), peft 0.21.2 (installed), ...`` for the budget's notes."""
@@ -177,7 +183,7 @@ def versions_from(value: Versions | Mapping[str, str] | str | os.PathLike[str] |
 # ----------------------------------------------------------------------------------------------------------- facts
 
 
-class Fact(enum.Enum):
+class Fact(Choice):
     """A behaviour that changed in one release of one package (the member's ``package`` and ``since``)."""
 
     def __new__(cls, key: str, package: str, since: Release, text: str, source: str) -> Fact:
@@ -254,6 +260,10 @@ def applies(fact: Fact, versions: Versions) -> bool:
     """Does the stack ``versions`` run ``fact``'s new behaviour (the release it names or a later one)?  A package
     neither given nor installed runs the newest; under torchtune or litgpt a transformers or peft fact is
     :data:`FRAMEWORK_BEHAVIOUR`'s."""
+    return versions.answers[fact]
+
+
+def _applies(fact: Fact, versions: Versions) -> bool:
     if fact.package in ("transformers", "peft") and versions.framework != "transformers":
         return FRAMEWORK_BEHAVIOUR[fact]
     release = versions.release(fact.package)
