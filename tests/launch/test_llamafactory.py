@@ -35,7 +35,7 @@ def test_the_yaml_example_every_decisive_field() -> None:
     LLaMA-Factory's (or transformers') default, said so."""
     launch = _read("yaml")
     f, s = launch.fields, launch.setup
-    assert launch.launcher is Launcher.LLAMAFACTORY and launch.trainer
+    assert launch.launcher is Launcher.LLAMAFACTORY and launch.hf_trainer
     where = str(YAML)
     expected = {
         "trainer": (Trainer.SFT, f"{where}:6 stage"),

@@ -24,7 +24,7 @@ def test_load_path_of_setups() -> None:
     def setup(**kw):
         return make_setup(model="llama-13b", gpu="t4", gpus=4, **kw)
     assert load_path_of(setup(strategy="ddp")) is LoadPath.TRAINER_TO
-    assert load_path_of(setup(strategy="ddp"), trainer=False) is LoadPath.ACCELERATE_TO
+    assert load_path_of(setup(strategy="ddp"), hf_trainer=False) is LoadPath.ACCELERATE_TO
     assert load_path_of(setup(strategy="zero3")) is LoadPath.ZERO_INIT
     assert load_path_of(setup(strategy="zero3"), zero3_init=False) is LoadPath.DEEPSPEED_TO
     assert load_path_of(setup(strategy="fsdp")) is LoadPath.FSDP_UNITS

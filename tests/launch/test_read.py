@@ -54,7 +54,7 @@ def test_origins_of_flags_files_and_defaults(tmp_path: Path) -> None:
     assert f["checkpointing"].value is True and launch.setup.precision is Precision.BF16_MIXED
     assert f["attention"].origin.kind is OriginKind.DEFAULT and "transformers 5.24" in str(f["attention"].origin)
     assert f["nodes"].origin.kind is OriginKind.ASSUMED
-    assert launch.trainer
+    assert launch.hf_trainer
 
 
 def test_trainer_defaults_when_unsaid() -> None:

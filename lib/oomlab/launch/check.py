@@ -275,7 +275,7 @@ def smallest_fix(launch: UserLaunch, decision: Decision, files: tuple[ChangedFil
     fix = decision.setup
     if not decision.steps or fix is None:
         return None
-    path = load_path_of(fix, trainer=launch.trainer, zero3_init=True)
+    path = load_path_of(fix, hf_trainer=launch.hf_trainer, zero3_init=True)
     load = check_load(fix, path, launch.load_dtype)
     return Fix(tuple(_change(s) for s in decision.steps), fix, decision.fixed.evaluation.per_gpu_peak_bytes, load,
                tuple(_how(launch, s) for s in decision.steps), _fix_launch(launch, decision, files), files)
@@ -285,7 +285,7 @@ def decide(launch: UserLaunch, host_ram_bytes: int) -> Decision:
     """The one decision procedure on the user's launch: the ladder, each rung's launch also walked through its load
     path (a rung that cannot get the weights onto the GPUs does not fit)."""
     def loads(setup: TrainingSetup) -> bool:
-        path = load_path_of(setup, trainer=launch.trainer, zero3_init=launch.zero3_init or setup != launch.setup)
+        path = load_path_of(setup, hf_trainer=launch.hf_trainer, zero3_init=launch.zero3_init or setup != launch.setup)
         return check_load(setup, path, launch.load_dtype).fits
 
     return climb(launch.setup, Evaluator(host_ram_bytes, None), loads)
@@ -299,7 +299,7 @@ def check_launch(inputs: LaunchInputs, host_ram: str | int | None = None,
     launch = launch or read_launch(inputs)
     setup = launch.setup
     host = resolve_host_ram(host_ram, setup.gpu.name, setup.gpus)
-    path = load_path_of(setup, trainer=launch.trainer, zero3_init=launch.zero3_init)
+    path = load_path_of(setup, hf_trainer=launch.hf_trainer, zero3_init=launch.zero3_init)
     load = check_load(setup, path, launch.load_dtype)
     settings: DeepSpeedSettings | None = launch.deepspeed if setup.strategy.deepspeed else None
     budget = estimate_setup(setup, deepspeed=settings)
@@ -325,7 +325,7 @@ def other_launches(launch: UserLaunch) -> list[tuple[str, str, str, str]]:
         except InvalidValueError as err:
             rows.append((strategy.value, "-", f"cannot run: {err}", "-"))
             continue
-        path = load_path_of(setup, trainer=launch.trainer, zero3_init=True)
+        path = load_path_of(setup, hf_trainer=launch.hf_trainer, zero3_init=True)
         load = check_load(setup, path, launch.load_dtype)
         step = estimate_setup(setup, deepspeed=launch.deepspeed if setup.strategy is base.strategy else None)
         if not load.fits:

@@ -111,14 +111,14 @@ def cite(package: str, file: str, pattern: str) -> int | None:
     return next((i for i, line in enumerate(lines, 1) if pattern in line), None)
 
 
-def load_path_of(setup: TrainingSetup, *, trainer: bool = True, zero3_init: bool = True,
+def load_path_of(setup: TrainingSetup, *, hf_trainer: bool = True, zero3_init: bool = True,
                  route: Route = Route.PROCESS_PER_GPU) -> LoadPath:
-    """The row a setup takes: by its strategy, method and route (``trainer``: an HF Trainer script rather than a
+    """The row a setup takes: by its strategy, method and route (``hf_trainer``: an HF Trainer script rather than a
     custom accelerate loop; ``zero3_init``: ZeRO-3 built under zero.Init)."""
-    return path_of(setup.strategy, setup.method, trainer=trainer, zero3_init=zero3_init, route=route)
+    return path_of(setup.strategy, setup.method, hf_trainer=hf_trainer, zero3_init=zero3_init, route=route)
 
 
-def path_of(strategy: Strategy, method: Method, *, trainer: bool = True, zero3_init: bool = True,
+def path_of(strategy: Strategy, method: Method, *, hf_trainer: bool = True, zero3_init: bool = True,
             route: Route = Route.PROCESS_PER_GPU) -> LoadPath:
     """:func:`load_path_of` from the strategy and the method alone (what a results JSON records)."""
     if route is Route.DEVICE_MAP:
@@ -132,7 +132,7 @@ def path_of(strategy: Strategy, method: Method, *, trainer: bool = True, zero3_i
         return LoadPath.FSDP_UNITS
     if s.fsdp:
         return LoadPath.FSDP2_SHARDS
-    return LoadPath.TRAINER_TO if trainer else LoadPath.ACCELERATE_TO
+    return LoadPath.TRAINER_TO if hf_trainer else LoadPath.ACCELERATE_TO
 
 
 def paths_the_traceback_allows(frames: tuple[str, ...] = APPLY_FRAMES) -> tuple[PathRow, ...]:

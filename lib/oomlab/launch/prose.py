@@ -22,7 +22,7 @@ def replica_dtype(launch: UserLaunch) -> str:
     """The dtype of the replica ``.to()`` moves: DeepSpeed's engine casts to the half dtype first; the Trainer and
     accelerate move what from_pretrained loaded."""
     s = launch.setup
-    path = load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)
+    path = load_path_of(s, hf_trainer=launch.hf_trainer, zero3_init=launch.zero3_init)
     if path is LoadPath.DEEPSPEED_TO:
         return s.precision.compute_dtype
     return launch.load_dtype
@@ -45,7 +45,7 @@ def case_intro(launch: UserLaunch, dtype: str) -> str:
     assumed."""
     s = launch.setup
     name = launch_name(s)
-    path = ROWS[load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)]
+    path = ROWS[load_path_of(s, hf_trainer=launch.hf_trainer, zero3_init=launch.zero3_init)]
     lines = [f"**The case.** {md_text(s.model.name)} on {s.gpus * s.nodes} × {s.gpu.display_name} "
              f"({format_size(s.gpu.total_memory_bytes)} each), launched as {name}, micro-batch {s.batch} × "
              f"{s.seq} tokens; the weights reach each GPU through {path.short}, in {dtype}."]
@@ -86,7 +86,7 @@ def traceback_proves(launch: UserLaunch, traceback: str, whose: str = "a launche
     was read (``oomlab check``), so the sentence says what one would prove, and a launch outside those cannot fail
     there; otherwise (notebook 01) the traceback happened, and a launch outside those is not the one that ran."""
     s = launch.setup
-    mine = ROWS[load_path_of(s, trainer=launch.trainer, zero3_init=launch.zero3_init)]
+    mine = ROWS[load_path_of(s, hf_trainer=launch.hf_trainer, zero3_init=launch.zero3_init)]
     allowed = paths_the_traceback_allows(tuple(frames))
     names = "; ".join(r.short for r in allowed)
     others = ", ".join(r.short for r in ROWS.values() if r not in allowed)

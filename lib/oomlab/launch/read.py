@@ -83,7 +83,7 @@ class UserLaunch:
     fields: Mapping[str, Sourced]  # every setup field, plus load_dtype, launcher, zero3_init
     deepspeed: DeepSpeedSettings | None  # the DeepSpeed knobs (None: not a DeepSpeed launch)
     launcher: Launcher | None
-    trainer: bool  # an HF Trainer script (TrainingArguments given, as a file or flags)
+    hf_trainer: bool  # an HF Trainer script (TrainingArguments given, as a file or flags); fields['trainer']: the kind
     command: LaunchCommand | None
     unmodelled: tuple[Unmodelled, ...]
     files: tuple[str, ...]
@@ -107,7 +107,7 @@ class UserLaunch:
 
     def to_dict(self) -> dict[str, Any]:
         return {"fields": {name: s.to_dict() for name, s in self.fields.items()},
-                "launcher": None if self.launcher is None else self.launcher.value, "trainer": self.trainer,
+                "launcher": None if self.launcher is None else self.launcher.value, "hf_trainer": self.hf_trainer,
                 "command": None if self.command is None else self.command.to_dict(),
                 "unmodelled": [u.to_dict() for u in self.unmodelled], "files": list(self.files),
                 "assumptions": list(self.assumptions),

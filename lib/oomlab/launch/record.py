@@ -101,7 +101,7 @@ def launch_of(record: dict[str, Any]) -> UserLaunch:
         ds = {**ds, "optimizer_source": OptimizerSource(ds["optimizer_source"])}
     return UserLaunch(
         setup=setup_of(record["setup"]), fields=fields, deepspeed=None if ds is None else DeepSpeedSettings(**ds),
-        launcher=None if record["launcher"] is None else Launcher(record["launcher"]), trainer=record["trainer"],
+        launcher=None if record["launcher"] is None else Launcher(record["launcher"]), hf_trainer=record["hf_trainer"],
         command=_command_of(record["command"]),
         unmodelled=tuple(Unmodelled(_origin_of(u["origin"]), u["value"], u["why"]) for u in record["unmodelled"]),
         files=tuple(record["files"]))

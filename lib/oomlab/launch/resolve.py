@@ -369,7 +369,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     ordered = {name: fields[name] for name in (*SETUP_ORDER, *sorted(set(fields) - set(SETUP_ORDER)))
                if name in fields}
     return UserLaunch(setup=setup, fields=ordered, deepspeed=settings, launcher=cmd.launcher if cmd else None,
-                      trainer=trainer, command=cmd, unmodelled=K.ranked(unmodelled), files=tuple(files))
+                      hf_trainer=trainer, command=cmd, unmodelled=K.ranked(unmodelled), files=tuple(files))
 
 
 SETUP_ORDER = ("model", "gpus", "nodes", "strategy", "trainer", "reference", "method", "precision", "optimizer",

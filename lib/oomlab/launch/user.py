@@ -57,7 +57,7 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
         fields["load_dtype"] = Sourced(dtype, flag_origin(f"-p dtype={dtype}"))
     fields["zero3_init"] = Sourced(True, assumed("a ZeRO-3 launch loads under zero.Init, as the HF Trainer does"))
     ordered = {name: fields[name] for name in SETUP_ORDER if name in fields}
-    return UserLaunch(setup=setup, fields=ordered, deepspeed=None, launcher=None, trainer=True, command=None,
+    return UserLaunch(setup=setup, fields=ordered, deepspeed=None, launcher=None, hf_trainer=True, command=None,
                       unmodelled=(), files=())
 
 

@@ -104,7 +104,7 @@ def answer(r: dict[str, Any]) -> str:
     configured = bud["configured"]
     parts = []
     path = ROWS[path_of(Strategy(configured["strategy"]), Method(configured["method"]),
-                        trainer=(r["reproduce"].get("launch") or {}).get("trainer", True))]
+                        hf_trainer=(r["reproduce"].get("launch") or {}).get("hf_trainer", True))]
     if rep["raised"] and not path.full_replica:
         parts.append(
             f"**Loading as configured avoids the failing move:** a full {md_text(rep['dtype'])} replica of "
