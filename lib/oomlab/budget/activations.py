@@ -94,7 +94,7 @@ def kbit_upcast(setup: TrainingSetup) -> bool:
     modules.py:626-637), so the fp32 norm output makes every projection's output fp32 and the SwiGLU's saved gate,
     SiLU and up tensors fp32; the frozen fp32 LM head's half autocast copy is saved for its input's gradient.
     """
-    return regime(setup) is Regime.AUTOCAST and states.kbit_upcast(setup)
+    return setup.method is Method.QLORA and regime(setup) is Regime.AUTOCAST and states.kbit_upcast(setup)
 
 
 def saves_4bit_input(setup: TrainingSetup) -> bool:
