@@ -16,7 +16,7 @@ import time
 
 import oomlab
 from oomlab.budget import api
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.core.models import load_model
 from oomlab.core.setup import make_setup
 

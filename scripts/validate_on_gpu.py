@@ -73,7 +73,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("validate_on_gpu: no CUDA device here; nothing to validate", file=sys.stderr)
         return 2
-    from oomlab.budget.analytic import estimate_setup
+    from oomlab.budget.estimator import estimate_setup
     from oomlab.core.models import model_from_config
     from oomlab.core.setup import make_setup
 

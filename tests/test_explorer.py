@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import MemCategory
 from oomlab.core.choices import Strategy
 from oomlab.core.errors import InvalidValueError, UnknownNameError

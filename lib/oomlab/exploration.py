@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import BudgetResult, Fit, MemCategory
 from oomlab.budget.snapshot import simulate_allocator
 from oomlab.budget.timeline import step_timeline
@@ -33,8 +33,9 @@ from oomlab.remedies.hardware_display import HARDWARE_HEADERS
 from oomlab.remedies.ladder import Decision, climb
 from oomlab.remedies.remedy import Evaluator
 from oomlab.report import hardware as report_hardware
-from oomlab.report.figures import FIT_COLORS, PALETTE, TimelineSeries, memory_timeline_svg
+from oomlab.report.figures import FIT_COLORS, PALETTE
 from oomlab.report.tables import html_table
+from oomlab.report.timeline import TimelineSeries, memory_timeline_svg
 
 MAX_BATCH_SEARCH = 4096  # the largest micro-batch the search tries; "4096 or more" beyond it
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.api import estimate
 from oomlab.budget.deepspeed_layout import flat_partition
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import MemCategory, Phase, Source
 from oomlab.budget.states import (
     gradients_on_gpu,

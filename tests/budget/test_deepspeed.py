@@ -8,7 +8,6 @@ import pytest
 
 import oomlab
 from oomlab.budget import deepspeed_layout as layout
-from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed import host_offload_bytes, load_peak_bytes, zero_states
 from oomlab.budget.deepspeed_config import (
     DeepSpeedSettings,
@@ -17,6 +16,7 @@ from oomlab.budget.deepspeed_config import (
     settings_for,
     zero_optimization_block,
 )
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.step import tiny_setup
 from oomlab.core.choices import Strategy
 from oomlab.core.errors import InvalidValueError

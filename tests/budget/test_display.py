@@ -2,7 +2,7 @@
 
 import pytest
 
-from oomlab.budget.analytic import ALLOCATOR_NOTE, estimate_setup
+from oomlab.budget.analytic import ALLOCATOR_NOTE
 from oomlab.budget.display import (
     budget_variants,
     component_rows,
@@ -11,6 +11,7 @@ from oomlab.budget.display import (
     summarize,
     training_words,
 )
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import Fit, outside_figure, outside_note
 from oomlab.core.setup import make_setup
 from oomlab.core.units import GiB, MiB

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from oomlab.budget import activations as act
-from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed import host_offload_bytes, zero_states
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.inventory import assemble_phases, take_inventory
 from oomlab.budget.step_parts import StepTensors, ZeroStates
 from oomlab.core.setup import make_setup

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.api import estimate
 from oomlab.budget.deepspeed_layout import flat_partition
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.budget.sharding import SHARES, Share, per_gpu
 from oomlab.budget.states import gradients_on_gpu, optimizer_on_gpu, weights_on_gpu

@@ -4,7 +4,6 @@ DeepSpeed's FusedAdam (no temporary); without one the Trainer's own optimizer st
 
 import pytest
 
-from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed import (
     adam_temp_bytes,
     foreach_adamw,
@@ -15,6 +14,7 @@ from oomlab.budget.deepspeed import (
 )
 from oomlab.budget.deepspeed_config import OptimizerSource, read_deepspeed_config, settings_for
 from oomlab.budget.deepspeed_layout import stage3_partition
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.core.units import format_size
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed import zero_states
+from oomlab.budget.estimator import estimate_setup
 from oomlab.evidence import deepspeed_estimators as de
 
 P = 13_015_864_320

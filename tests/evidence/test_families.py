@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import MemCategory, Phase, Source
 from oomlab.budget.traced import traced_budget
 from oomlab.core.models import Family

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.evidence.small_scale import DOC_FOOTER, DOC_HEADER, SMALL_CASES, compare_small
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "small-scale-measured.md"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import Phase
 from oomlab.core.units import format_size
 from oomlab.launch.check import check

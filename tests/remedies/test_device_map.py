@@ -125,7 +125,7 @@ def test_a_placement_with_every_module_on_the_cpu_is_budgeted_and_said_so() -> N
     remedy is refused as the whole model on the CPU."""
     from dataclasses import replace
 
-    from oomlab.budget.analytic import estimate_setup
+    from oomlab.budget.estimator import estimate_setup
     from oomlab.core.choices import Route, Strategy
     from oomlab.remedies.placement import replace_peak
     from oomlab.remedies.remedy import Evaluator, reason

@@ -155,8 +155,11 @@ def _ds_config(config: dict, world: int, monkeypatch):
     return ds_config.DeepSpeedConfig(config)
 
 
-def test_plan_writes_its_top_deepspeed_remedies(written, plan) -> None:
-    """Each top DeepSpeed remedy of the plan gets its JSON and accelerate config, named in its config_files."""
+def test_plan_writes_its_top_deepspeed_remedies(tmp_path) -> None:
+    """Each top DeepSpeed remedy of the plan gets its JSON and accelerate config, named in its config_files (a
+    DeepSpeed user's plan: its fix stays on the user's launcher, as the ladder keeps it)."""
+    plan = make_plan(strategy="zero2")
+    written = launch_writer.write_configs(tmp_path / "configs", plan)
     top = launch_writer.top_launches(plan, 3)
     assert top[0] is plan.recommended and len(top) == 3
     wanted = {name for r in top if r.strategy.deepspeed for name in r.config_files}

@@ -9,7 +9,7 @@ from unittest import mock
 
 import pytest
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.states import lora_parameters, weight_bytes_total
 from oomlab.cli import main
 from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy

@@ -1,4 +1,4 @@
-"""report.figures.memory_timeline_svg and explanation.snapshot_timeline: the step's memory over time as inline SVG --
+"""report.timeline.memory_timeline_svg and explanation.snapshot_timeline: the step's memory over time as inline SVG --
 stacked to the budget's peak, phases named, the capacity and the OOM drawn, user text escaped, nothing live."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from oomlab.core.units import format_size
 from oomlab.explanation.snapshot import SnapshotCategory
 from oomlab.explanation.snapshot_format import parse_snapshot
 from oomlab.explanation.snapshot_timeline import memory_timeline
-from oomlab.report.figures import PALETTE, TimelineSeries, memory_timeline_svg
+from oomlab.report.figures import PALETTE
 from oomlab.report.sanitize import live_markup
+from oomlab.report.timeline import TimelineSeries, memory_timeline_svg
 
 FITS = {"model": "llama-2-7b", "gpu": "a100-80gb", "gpus": 1, "method": "lora", "precision": "bf16-mixed"}
 SVG = "{http://www.w3.org/2000/svg}"
@@ -101,7 +102,7 @@ def test_snapshot_timeline_svg_of_the_pipeline_snapshot(tmp_path) -> None:
     from oomlab.budget.result import MemCategory
     from oomlab.budget.snapshot import STEP_SNAPSHOT_NAME, write_snapshot
     from oomlab.explanation.snapshot_format import read_snapshot
-    from oomlab.report.figures import snapshot_timeline_svg
+    from oomlab.report.timeline import snapshot_timeline_svg
 
     result = estimate()
     path = write_snapshot(result, tmp_path / STEP_SNAPSHOT_NAME)

@@ -6,7 +6,7 @@ source) and display.  The instruments that run a real step come next; the eviden
 from oomlab.core.exports import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "analytic": ("estimate_setup",),
+    "estimator": ("estimate_setup",),
     "api": ("estimate",),
     "deepspeed_config": ("DeepSpeedSettings", "read_deepspeed_config"),
     "display": ("budget_variants", "configured_variants", "render_budget"),

@@ -1,6 +1,6 @@
 """The analytic training-memory budget: bytes per GPU, component by component, phase by phase, in microseconds.
 
-:func:`estimate_setup` budgets one validated :class:`~oomlab.core.setup.TrainingSetup` (the public
+:func:`sft_estimate` budgets one validated :class:`~oomlab.core.setup.TrainingSetup` (the public
 :func:`oomlab.budget.api.estimate` validates names into one first): it takes the setup's inventory
 (:mod:`.inventory`: model states from :mod:`.states` through the sharding table of :mod:`.sharding`, activations
 from :mod:`.activations`, buffers from :mod:`.workspace`), assembles the phases, and adds what ``memory_allocated``
@@ -156,8 +156,8 @@ def _versions_notes(setup: TrainingSetup) -> tuple[str, ...]:
 _LAUNCH_NOTES: BoundedMemo[tuple, str] = BoundedMemo()
 
 
-def estimate_setup(setup: TrainingSetup, outside_bytes: int | None = None,
-                   deepspeed: DeepSpeedSettings | None = None) -> BudgetResult:
+def sft_estimate(setup: TrainingSetup, outside_bytes: int | None = None,
+                 deepspeed: DeepSpeedSettings | None = None) -> BudgetResult:
     """The analytic budget of one validated setup (``deepspeed``: DeepSpeed's knobs, for its strategies)."""
     inventory = take_inventory(setup, deepspeed)
     phases = assemble_phases(setup, inventory)

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import SOURCES, BudgetResult, Source
 from oomlab.budget.traced import traced_budget
-from oomlab.budget.trainers import trainer_estimate
 from oomlab.core.defaults import DEFAULTS
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.setup import make_setup
@@ -64,7 +64,7 @@ def estimate(
     except TypeError:  # an unhashable argument: validate it without the memo (same result, same errors)
         setup = make_setup(*args, versions=versions)
     if source == Source.ANALYTIC.value:
-        return trainer_estimate(setup, outside_bytes, deepspeed)
+        return estimate_setup(setup, outside_bytes, deepspeed)
     if setup.strategy.deepspeed:
         raise InvalidValueError(
             f"strategy {setup.strategy.value!r} is analytic only: DeepSpeed's engine needs real tensors and processes "

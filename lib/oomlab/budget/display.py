@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from oomlab.budget.analytic import estimate_setup, versions_notes
+from oomlab.budget.analytic import versions_notes
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.inventory import model_states
 from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
 from oomlab.budget.trainers import trainer_terms

@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 from oomlab.budget import workspace
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.analytic import sft_estimate
 from oomlab.budget.launchers import fsdp1_buffers, shard_fsdp1, shard_fsdp2
 from oomlab.budget.result import BudgetResult, MemCategory, Phase, Source
 from oomlab.budget.step import (
@@ -345,7 +345,7 @@ def traced_budget(setup: TrainingSetup, outside_bytes: int | None = None) -> Bud
     buckets = workspace.ddp_bucket_bytes(setup)  # DDP's flat buckets: measured = gradient bytes (measure_ddp_buckets)
     totals = {phase: total + buckets for phase, total in steady.items()}
     peak_phase = max(totals, key=lambda p: totals[p])
-    analytic = estimate_setup(setup, outside_bytes)
+    analytic = sft_estimate(setup, outside_bytes)  # the traced step is SFT's (it refuses other trainers)
     if peak_phase is trace.peak_phase:
         breakdown, breakdown_total = trace.peak_by_category, trace.peak_bytes
     else:  # the steady-state peak falls in another phase: take that phase's largest timeline snapshot

@@ -39,7 +39,7 @@ from types import MappingProxyType
 
 from oomlab.budget import activations as act
 from oomlab.budget import states
-from oomlab.budget.analytic import ALLOCATOR_FRAGMENTATION, estimate_setup, host_ram_bytes
+from oomlab.budget.analytic import ALLOCATOR_FRAGMENTATION, host_ram_bytes, sft_estimate
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.inventory import assemble_phases, take_inventory
 from oomlab.budget.result import BudgetResult, MemCategory, Phase
@@ -250,11 +250,11 @@ def trainer_phases(setup: TrainingSetup, inventory: Inventory, terms: TrainerTer
 
 def trainer_estimate(setup: TrainingSetup, outside_bytes: int | None = None,
                      deepspeed: DeepSpeedSettings | None = None) -> BudgetResult:
-    """The analytic budget of ``setup`` under its trainer (SFT: :func:`~oomlab.budget.analytic.estimate_setup`'s)."""
+    """The analytic budget of ``setup`` under its trainer (SFT: :func:`~oomlab.budget.analytic.sft_estimate`'s)."""
     if setup.trainer is Trainer.SFT:
-        return estimate_setup(setup, outside_bytes, deepspeed)
+        return sft_estimate(setup, outside_bytes, deepspeed)
     policy = policy_setup(setup)
-    base = estimate_setup(policy, outside_bytes, deepspeed)  # the policy's notes, outside PyTorch, capacity
+    base = sft_estimate(policy, outside_bytes, deepspeed)  # the policy's notes, outside PyTorch, capacity
     terms = trainer_terms(setup)
     inventory = take_inventory(policy, deepspeed)
     if terms.fused_head:

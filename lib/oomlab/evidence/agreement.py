@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import ALLOCATED, MemCategory, Phase
 from oomlab.budget.step import library_versions
 from oomlab.budget.traced import traced_budget

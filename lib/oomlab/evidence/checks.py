@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from oomlab.budget import states
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.step import apply_lora, build_model, make_optimizer, tiny_setup, trainable_tensors
 from oomlab.core.choices import Method
 from oomlab.core.modeling import tensor_nbytes

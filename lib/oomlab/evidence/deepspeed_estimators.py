@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomlab.budget import deepspeed_layout as layout
-from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed import FP32, buffer_bytes, host_offload_bytes, zero_states
 from oomlab.budget.deepspeed_config import settings_for
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.core.files import write_text_atomic
 from oomlab.core.paths import REPO_ROOT

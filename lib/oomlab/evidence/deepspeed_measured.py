@@ -7,7 +7,7 @@
 * model-state tensors (structural bytes read off DeepSpeed's objects, wherever they live -- on this CPU the "GPU" and
   the "host" are one allocator);
 * the CPU allocator's peak in each phase of the second step, and the bytes live after it.  The analytic side is
-  :func:`oomlab.budget.analytic.estimate_setup`'s phase totals plus, for offloading cases, the host bytes of
+  :func:`oomlab.budget.estimator.estimate_setup`'s phase totals plus, for offloading cases, the host bytes of
   :func:`oomlab.budget.deepspeed.host_offload_bytes` (the same allocator here).
 
 ``python -m oomlab.evidence deepspeed-measured`` runs the cases again (about a minute on two cores; results cached under
@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlab.budget import deepspeed_layout as layout
-from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed import (
     FP32,
     buffer_bytes,
@@ -36,6 +35,7 @@ from oomlab.budget.deepspeed import (
     zero_states,
 )
 from oomlab.budget.deepspeed_config import settings_for
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import Phase
 from oomlab.budget.step import library_versions
 from oomlab.core import paths

@@ -1,7 +1,7 @@
 """Analytic budget against real training steps of tiny LLaMA-family models, measured on CPU.
 
 Each row trains a tiny model for real (:func:`oomlab.instruments.measured.measure_steps`: the CPU allocator's own count,
-phase by phase, of the second -- steady-state -- step) and sets it beside :func:`oomlab.budget.analytic.estimate_setup`
+phase by phase, of the second -- steady-state -- step) and sets it beside :func:`oomlab.budget.estimator.estimate_setup`
 for the same setup. The ratio is analytic / measured allocated peak. At this size the fixed terms weigh more than
 at 13B (RoPE cos/sin, the vocab-wide logits, bitsandbytes' per-weight codes), so each is modelled, not ignored;
 the CPU allocator does not round block sizes (the CUDA allocator's 512-byte rounding is not in either figure).
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import Phase
 from oomlab.budget.states import ADAM8_MIN_SIZE
 from oomlab.budget.step import library_versions, tiny_setup

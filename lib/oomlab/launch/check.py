@@ -12,8 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from oomlab.budget.analytic import estimate_setup
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import BudgetResult, Phase
 from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy, plain
 from oomlab.core.dtypes import load_dtype
@@ -185,7 +185,7 @@ def _change(step: Step) -> tuple[str, str]:
         return "batch", f"{s.batch} (gradient accumulation x{step.accumulation}: the same global batch)"
     knob = {Rung.FUSED_OPTIMIZER: "optimizer", Rung.OPTIMIZER_8BIT: "optimizer", Rung.CHECKPOINTING: "checkpointing",
             Rung.SHARDING: "strategy", Rung.OFFLOAD: "strategy", Rung.LORA: "method", Rung.QLORA: "method",
-            Rung.MORE_GPUS: "gpus",
+            Rung.MORE_GPUS: "gpus", Rung.PRECOMPUTE_REFERENCE: "reference",
             Rung.SHORTER_SEQ: "seq"}[step.rung]
     return knob, "on" if knob == "checkpointing" else str(plain(getattr(s, knob)))
 
@@ -222,6 +222,7 @@ def _how(launch: UserLaunch, step: Step) -> str:
                       f"{style.spell('accumulation', str(_given_accumulation(launch) * step.accumulation))}",
              "gpus": f"{fix.gpus} processes per node (torchrun --nproc_per_node, accelerate --num_processes, "
                      "deepspeed --num_gpus)",
+             "reference": "--precompute_ref_log_probs True (TRL's DPOConfig / KTOConfig)",
              "method": "a peft LoraConfig (adapter_config.json)" + (" over a bitsandbytes 4-bit base" if fix.method
                                                                     is Method.QLORA else "")}
     return f"{knob} {shown}: {flags.get(knob, shown)}{where}{cost}"
@@ -257,6 +258,8 @@ def _fix_launch(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile
             text = style.set(text, "accumulation", str(_given_accumulation(launch) * decision.accumulation))
         elif knob == "optimizer":
             text = style.set(text, "optim", _OPTIM_FLAGS[s.optimizer].split()[-1])
+        elif knob == "reference":
+            text = with_flag(text, "--precompute_ref_log_probs", "True")
         elif knob == "gpus":
             for option in ("--nproc_per_node", "--nproc-per-node", "--num_processes", "--num_gpus"):
                 if launch.command.option(option):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import BudgetResult, Phase
 from oomlab.core.errors import OomlabError
 from oomlab.core.setup import TrainingSetup

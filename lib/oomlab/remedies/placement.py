@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import BudgetResult, MemCategory, Phase
 from oomlab.core.choices import Strategy
 from oomlab.core.dtypes import load_dtype

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from oomlab.budget.analytic import estimate_setup
+from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import BudgetResult, MemCategory
 from oomlab.budget.states import weight_bytes_total
 from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy

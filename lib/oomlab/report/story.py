@@ -36,15 +36,9 @@ from oomlab.remedies.plan import Outcome
 from oomlab.remedies.remedy import Remedy
 from oomlab.remedies.verdict import VerdictFacts, render_verdict
 from oomlab.remedies.verification import Verification, verify_rows
-from oomlab.report.figures import (
-    BarRow,
-    RemedyBar,
-    plot_budget_bars,
-    plot_memory_timeline,
-    plot_remedies,
-    snapshot_series,
-)
+from oomlab.report.figures import BarRow, RemedyBar, plot_budget_bars, plot_remedies
 from oomlab.report.results import NOTEBOOK_RESULTS
+from oomlab.report.timeline import plot_memory_timeline, snapshot_series
 from oomlab.reproduction import summary
 from oomlab.reproduction.honesty import render_honesty_record
 from oomlab.reproduction.result import FigureComparison, ReproduceResult
