@@ -223,7 +223,7 @@ class Fact(Choice):
     MOE_EXPERTS_3D = (
         "moe-experts-3d", "transformers", (5, 0, 0),
         "Mixtral-style experts are one module of 3-D parameters (gate_up_proj E x 2i x h, down_proj E x h x i) "
-        "that bitsandbytes does not quantize; before, each expert's w1/w2/w3 was an nn.Linear that it did",
+        "that bitsandbytes does not quantize; before, each expert's w1/w2/w3 was an nn.Linear, quantized to 4 bits",
         "transformers 5.x models/mixtral/modeling_mixtral.py:57-66 (class MixtralExperts, 'Collection of expert "
         "weights stored as 3D tensors'); 4.x MixtralBlockSparseTop2MLP: w1, w2, w3 = nn.Linear")
     TRAINER_FUSED_ADAMW = (
