@@ -9,12 +9,14 @@ from oomlab.cli.common import (
     PARAMS,
     Formatter,
     StoreGiven,
+    add_trainer_arguments,
     batch_argument,
     gpu_help,
     host_ram_argument,
     model_help,
     path_argument,
     positive_int,
+    versions_argument,
 )
 from oomlab.core.choices import Method, Optimizer, Precision, Strategy
 from oomlab.core.defaults import DEFAULTS
@@ -60,6 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pln.add_argument("--checkpointing", action="store_true", help="the user's run used activation checkpointing")
     pln.add_argument("--lora-rank", type=positive_int, default=DEFAULTS.lora_rank,
                      help="LoRA rank of the LoRA/QLoRA remedies")
+    add_trainer_arguments(pln)
+    pln.add_argument("--versions", type=versions_argument, default=None,
+                     help="the releases the run uses (name==release pins or a pip freeze file; default: installed)")
     pln.add_argument("--top", type=positive_int, default=15, help="remedies shown (--json has all)")
     pln.add_argument("--write-configs", type=path_argument, nargs="?", const=CONFIGS_DIR, default=None, metavar="DIR",
                      help=f"also write the launch files (into {CONFIGS_DIR} when no folder is given)")
@@ -68,6 +73,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_plan_any_gpu(args: argparse.Namespace) -> int:
     """``plan --any-gpu``: every GPU type and count, refused flags named before any work."""
+    kept = (("--trainer", "trainer", DEFAULTS.trainer.value), ("--reference", "reference", DEFAULTS.reference.value),
+            ("--versions", "versions", None))
+    for flag, dest, default in kept:
+        if getattr(args, dest) != default:
+            raise InvalidValueError(f"{flag} applies to plan without --any-gpu (got {flag} {getattr(args, dest)}): "
+                                    "the hardware search budgets supervised fine-tuning at the installed releases")
     for flag, dest in (("--gpu", "gpu"), ("--gpus", "gpus"), ("--write-configs", "write_configs")):
         if getattr(args, f"{dest}_given", False) or (dest == "write_configs" and args.write_configs is not None):
             raise InvalidValueError(f"--any-gpu searches every GPU type and count; drop {flag} (got {flag} "
@@ -114,7 +125,8 @@ def command(args: argparse.Namespace) -> int:
         plan = make_plan(model=args.model, gpu=args.gpu, gpus=args.gpus, nodes=args.nodes, host_ram=args.host_ram,
                          seq=args.seq, batch=args.batch, precision=args.precision, optimizer=args.optimizer,
                          checkpointing=args.checkpointing, lora_rank=args.lora_rank, strategy=args.strategy,
-                         method=args.method[0] if args.method else DEFAULTS.method)
+                         method=args.method[0] if args.method else DEFAULTS.method, trainer=args.trainer,
+                         reference=args.reference, versions=args.versions)
     written = None
     if args.write_configs is not None:
         from oomlab.remedies.launch_writer import write_configs

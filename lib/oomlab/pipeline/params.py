@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oomlab.core.choices import MESSAGE_FORMAT_NAMES, Attention, Device, Method, Optimizer, Precision, Strategy
+from oomlab.core.choices import (
+    MESSAGE_FORMAT_NAMES,
+    Attention,
+    Device,
+    Method,
+    Optimizer,
+    Precision,
+    Reference,
+    Strategy,
+    Trainer,
+)
 from oomlab.core.defaults import DEFAULTS
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError, OomlabError
@@ -113,6 +123,11 @@ PARAMETERS: dict[str, Param] = {
               choices=tuple(s.value for s in Strategy)),
         Param("method", str, DEFAULTS.method.value, "what the user's run trains when no launch_dir says",
               choices=tuple(m.value for m in Method)),
+        Param("trainer", str, DEFAULTS.trainer.value, "the user's training loop when no launch_dir says: sft, or "
+              "TRL's dpo / orpo / kto / grpo / ppo / reward (their reference model, pairs, generation)",
+              choices=tuple(t.value for t in Trainer)),
+        Param("reference", str, DEFAULTS.reference.value, "the trainer's reference model: default (as its config "
+              "defaults it), resident, or none (precompute_ref_log_probs)", choices=tuple(r.value for r in Reference)),
         Param("lora_targets", str, ",".join(DEFAULTS.lora_targets), "the user's LoRA target modules, "
               f"comma-separated (names of the model's nn.Linear modules, or {ALL_LINEAR})",
               canonical=_lora_targets),

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oomlab.budget.result import Fit
-from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
+from oomlab.core.choices import Method, Optimizer, Precision, Reference, Route, Strategy, Trainer
 from oomlab.core.defaults import DEFAULTS
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import GPUSpec, load_gpu
@@ -26,6 +26,7 @@ from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.prices import HOST_RAM_AUTO, resolve_host_ram
 from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.core.units import format_size
+from oomlab.core.versions import Versions
 from oomlab.remedies.knobs import KnobChange, knob_table
 from oomlab.remedies.ladder import Decision, climb
 from oomlab.remedies.launch_files import files_for
@@ -226,20 +227,25 @@ def fold_label_twins(remedies: list[Remedy], bf16: bool) -> list[Remedy]:
     return [keep[id(r)] for r in remedies if id(r) in keep]
 
 
+KEPT = ("trainer", "reference", "versions")  # what no remedy changes: the training loop, its reference, the stack
+
+
 def configured_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = DEFAULTS.nodes, *,
                      seq: int = DEFAULTS.seq, batch: int = DEFAULTS.batch,
                      precision: str = DEFAULTS.precision.value, optimizer: str = DEFAULTS.optimizer.value,
                      checkpointing: bool = DEFAULTS.checkpointing, attention: str = DEFAULTS.attention.value,
                      lora_rank: int = DEFAULTS.lora_rank, strategy: str | Strategy | None = None,
                      method: str | Method = DEFAULTS.method,
-                     lora_targets: str | tuple[str, ...] = DEFAULTS.lora_targets, lora_alpha: int = DEFAULTS.lora_alpha
-                     ) -> TrainingSetup:
+                     lora_targets: str | tuple[str, ...] = DEFAULTS.lora_targets, lora_alpha: int = DEFAULTS.lora_alpha,
+                     **run: Any) -> TrainingSetup:
     """The configuration as given; by default the seed's: a full replica per GPU (``model.to('cuda')`` in each
     process), full fine-tuning.  ``strategy`` None or ``ddp`` on one GPU is ``single``
-    (:func:`oomlab.core.defaults.launch_strategy`, in :func:`make_setup`)."""
+    (:func:`oomlab.core.defaults.launch_strategy`, in :func:`make_setup`).  ``run``: what every remedy keeps of the
+    user's run (:data:`KEPT`: the trainer, its reference model, the library versions)."""
     return make_setup(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
                       precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,
-                      attention=attention, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)
+                      attention=attention, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets,
+                      **run)
 
 
 def _configured_row(remedy: Remedy, setup: TrainingSetup) -> Remedy:
@@ -294,10 +300,12 @@ class Candidate:
 def plan_grid(spec: ModelSpec, gpu_spec: GPUSpec, gpus: int, nodes: int, *, batch: int, seq: int, attention: str,
               lora_rank: int, methods: Iterable[Method] = tuple(Method),
               precisions: Iterable[Precision] = tuple(Precision),
-              optimizers: Iterable[Optimizer] = tuple(Optimizer)) -> Iterator[Candidate]:
+              optimizers: Iterable[Optimizer] = tuple(Optimizer), run: Mapping[str, Any] | None = None
+              ) -> Iterator[Candidate]:
     """The plan's grid, in its order: route × strategy × method × precision × optimizer × checkpointing (each axis
     all its members unless narrowed), each validated by :func:`make_setup` (what it refuses is dropped with its
-    message)."""
+    message); ``run``: what every candidate keeps of the user's run (:data:`KEPT`)."""
+    run = dict(run or {})
     one_gpu = gpus * nodes == 1  # no multi-GPU strategy on one GPU (ONE_GPU_NOTE)
     routes = [(Route.PROCESS_PER_GPU, s) for s in Strategy if not (one_gpu and s in MULTI_GPU_ONLY)]
     if not one_gpu:
@@ -309,7 +317,7 @@ def plan_grid(spec: ModelSpec, gpu_spec: GPUSpec, gpus: int, nodes: int, *, batc
         try:
             setup = make_setup(model=spec, gpu=gpu_spec, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
                                precision=prec, optimizer=opt, batch=batch, seq=seq, checkpointing=ckpt,
-                               attention=attention, lora_rank=lora_rank)
+                               attention=attention, lora_rank=lora_rank, **run)
         except InvalidValueError as err:
             yield Candidate(route, strategy, method, prec, opt, ckpt, None, f"dropped: {err}")
             continue
@@ -336,6 +344,9 @@ def make_plan(
     lora_alpha: int = DEFAULTS.lora_alpha,
     assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
     outside_bytes: int | None = None,
+    trainer: str | Trainer = DEFAULTS.trainer,
+    reference: str | Reference = DEFAULTS.reference,
+    versions: Versions | Mapping[str, str] | str | None = None,
 ) -> Plan:
     """Every remedy for training ``model`` on ``nodes`` × ``gpus`` × ``gpu``, budgeted and ranked.
 
@@ -352,15 +363,18 @@ def make_plan(
     if seq > spec.max_position_embeddings:
         raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
                                 f"{spec.max_position_embeddings}: use a sequence length up to that")
+    run = {"trainer": trainer, "reference": reference, "versions": versions}  # every remedy keeps these (KEPT)
     base = configured_setup(spec, gpu_spec, gpus, nodes, seq=seq, batch=batch, precision=precision,
                             optimizer=optimizer, checkpointing=checkpointing, attention=attention,
                             lora_rank=lora_rank, strategy=strategy, method=method, lora_targets=lora_targets,
-                            lora_alpha=lora_alpha)
+                            lora_alpha=lora_alpha, **run)
+    run["versions"] = base.versions  # parsed once
     evaluator = Evaluator(host_ram_bytes, outside_bytes)
     configured = evaluate_remedy(base, host_ram_bytes, assumptions=assumptions, evaluator=evaluator)
     configured = _configured_row(configured, base)
     remedies, dropped = [], []
-    for c in plan_grid(spec, gpu_spec, gpus, nodes, batch=batch, seq=seq, attention=attention, lora_rank=lora_rank):
+    for c in plan_grid(spec, gpu_spec, gpus, nodes, batch=batch, seq=seq, attention=attention, lora_rank=lora_rank,
+                       run=run):
         if c.setup is None:
             dropped.append(dropped_remedy(c.route, c.strategy, c.method, c.precision, c.optimizer, c.checkpointing,
                                           lora_rank, c.why))
@@ -418,7 +432,8 @@ def plan_for(setup: TrainingSetup, host_ram: str | int | None = HOST_RAM_AUTO, *
     return make_plan(s.model, s.gpu, s.gpus, s.nodes, host_ram, s.seq, batch=s.batch, precision=s.precision.value,
                      optimizer=s.optimizer.value, checkpointing=s.checkpointing, attention=s.attention.value,
                      lora_rank=s.lora_rank, strategy=s.strategy, method=s.method, lora_targets=s.lora_targets,
-                     lora_alpha=s.lora_alpha, assumptions=assumptions, outside_bytes=outside_bytes)
+                     lora_alpha=s.lora_alpha, assumptions=assumptions, outside_bytes=outside_bytes,
+                     trainer=s.trainer, reference=s.reference, versions=s.versions)
 
 
 def distinct_top(plan: Plan, n: int = 3) -> tuple[Remedy, ...]:
