@@ -3,7 +3,8 @@
 Each row builds the tiny model of :func:`oomlab.budget.step.tiny_setup`, saves it (TRL builds its reference from the
 policy's path, ``create_model_from_path``), and runs ``DPOTrainer.train()`` for two steps with ``use_cpu=True`` on
 pairs of token ids whose prompt, chosen and rejected lengths fill the setup's ``seq`` exactly; the CPU allocator's
-events (``torch.profiler`` with ``profile_memory=True``, replayed by :func:`session_peak`) plus the bytes already
+events (``torch.profiler`` with ``profile_memory=True``, replayed by
+:func:`oomlab.instruments.measured.allocator_peak`) plus the bytes already
 resident (the policy's and the reference's parameters and buffers) give the allocated peak, beside
 :func:`oomlab.budget.trainers.trainer_estimate`'s for the same setup. No ``torch.cuda`` anywhere.
 
@@ -30,6 +31,7 @@ from oomlab.core.files import write_text_atomic
 from oomlab.core.paths import REPO_ROOT
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
+from oomlab.instruments.measured import allocator_peak
 
 TRAINERS_DOC = REPO_ROOT / "docs" / "trainers-small-scale.md"
 PROMPT_TOKENS = 32  # of each example's seq: the prompt; the rest is the completion (its EOS included)
@@ -132,30 +134,6 @@ def _random_fingerprints() -> Iterator[None]:
         yield
 
 
-def session_peak(prof: Any) -> int:
-    """The most CPU bytes allocated at once over blocks allocated while ``prof`` profiled: the allocator's events
-    replayed in time order, a free counted only for a block of this session (as ``measured._allocator_peak`` does;
-    NB: a copy, that function being private to its module)."""
-    from torch._C._profiler import _EventType
-
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        stack.extend(event.children)
-        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
-            events.append((event.start_time_ns, int(event.extra_fields.alloc_size), int(event.extra_fields.ptr)))
-    live: dict[int, int] = {}
-    current = peak = 0
-    for _, size, ptr in sorted(events, key=lambda e: e[0]):
-        if size > 0:
-            live[ptr] = live.get(ptr, 0) + size
-            current += size
-            peak = max(peak, current)
-        elif ptr in live:
-            current -= live.pop(ptr)
-    return peak
-
-
 def measure_trl(setup: TrainingSetup, steps: int = 2) -> tuple[int, int, float]:
     """Run TRL's DPOTrainer on ``setup``'s tiny model for ``steps`` steps on CPU: (allocated peak, resident bytes,
     seconds)."""
@@ -198,7 +176,7 @@ def measure_trl(setup: TrainingSetup, steps: int = 2) -> tuple[int, int, float]:
         gc.collect()
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             trainer.train()
-        peak = resident + session_peak(prof)
+        peak = resident + allocator_peak(prof)
     return peak, resident, time.perf_counter() - start
 
 

@@ -66,7 +66,7 @@ def _storage_bytes(tensors: Iterator[Any]) -> int:
     return sum(seen.values())
 
 
-def _allocator_peak(prof: Any) -> int:
+def allocator_peak(prof: Any) -> int:
     """The most bytes allocated while profiling, over blocks allocated while profiling.
 
     Replays the CPU allocator's allocation and free events in time order. A free counts only when its block was
@@ -206,7 +206,7 @@ def _measure(setup: TrainingSetup, steps: int, wrap: Any = None) -> TraceResult:
         step_model = model if wrap is None else wrap(model)
         optimizer = make_optimizer(setup, trainable_tensors(model))
         run_step(step_model, optimizer, input_ids, tracker.mark)
-    allocated_peak = baseline + _allocator_peak(prof)
+    allocated_peak = baseline + allocator_peak(prof)
     with real_data_decisions():
         for _ in range(steps - 1):
             run_step(step_model, optimizer, input_ids)
@@ -307,7 +307,7 @@ def _is_tensor(value: Any) -> bool:
 def _allocator_phase_peaks(prof: Any) -> list[dict[Phase, int]]:
     """Per step, the most bytes allocated in each phase, over blocks allocated while profiling.
 
-    Replays allocation and free events as :func:`_allocator_peak` does; the ``record_function`` marks of
+    Replays allocation and free events as :func:`allocator_peak` does; the ``record_function`` marks of
     :func:`measure_steps` cut the timeline into steps (at each ``step start``) and phases. A phase's peak includes
     the bytes live when it begins.
     """
