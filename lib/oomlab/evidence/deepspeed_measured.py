@@ -10,7 +10,8 @@
   :func:`oomlab.budget.estimator.estimate_setup`'s phase totals plus, for offloading cases, the host bytes of
   :func:`oomlab.budget.deepspeed.host_offload_bytes` (the same allocator here).
 
-``python -m oomlab.evidence deepspeed-measured`` runs the cases again (about a minute on two cores; results cached under
+``python -m oomlab.evidence deepspeed-measured`` runs the cases again (about four minutes on two shared cores,
+2026-12-06; results cached under
 ``outputs/cache`` by the library versions) and rewrites both files.  Tests re-check the committed measurements
 against today's analytic figures and that the doc is rendered from the data.
 """
