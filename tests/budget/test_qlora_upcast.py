@@ -135,3 +135,14 @@ def test_traced_checkpointed_input_is_fp32_on_cpu() -> None:
     layer_inputs = [t for t in saved if t.shape == (2, 32, setup.model.hidden_size)]
     assert len(layer_inputs) >= setup.model.num_hidden_layers
     assert {t.dtype for t in layer_inputs} == {torch.float32}
+
+
+@pytest.mark.parametrize("model", ["granite-3.0-3b-a800m", "gpt-oss-20b"])
+def test_experts_stored_3d_in_every_release_are_never_quantized(model: str) -> None:
+    """Granite MoE's and gpt-oss's experts are 3-D parameters under transformers 4.x too: QLoRA leaves them in the
+    load dtype whatever the release (Mixtral's are nn.Linear before 5.0 and quantized then)."""
+    from oomlab.budget.states import experts_quantized
+
+    old = {"transformers": "4.45.0"}
+    assert not experts_quantized(make_setup(model=model, gpu="a100-80gb", method="qlora", versions=old))
+    assert experts_quantized(make_setup(model="mixtral-8x7b", gpu="a100-80gb", method="qlora", versions=old))

@@ -97,13 +97,10 @@ def launch_note(setup: TrainingSetup) -> str:
         precision = (f"{setup.precision.value} under accelerate's FSDP2: MixedPrecisionPolicy(param, reduce, output = "
                      f"{half}); trained parameters upcast to fp32 and sharded, gathered in {half}; no autocast")
     elif setup.strategy.deepspeed:
-        precision = (f"{setup.precision.value} under DeepSpeed: every parameter cast to {half} in place (adapters "
-                     "too), no autocast, an fp32 master partition")
-        if setup.optimizer is Optimizer.ADAMW:
-            offloaded = "DeepSpeedCPUAdam on the host" if setup.strategy.offloads_optimizer else "FusedAdam"
-            return (f"{precision}; adamw: the DeepSpeed JSON's optimizer type AdamW ({offloaded}), in place, no "
-                    "temporary")
-        return precision + "; " + _OPTIMIZER_NOTES[setup.optimizer] + " (a client optimizer DeepSpeed wraps)"
+        # the optimizer -- the JSON's, the Trainer's or the script's, and its temporary -- is the DeepSpeed note's
+        # (budget.deepspeed.optimizer_note, from the settings this note is not keyed by)
+        return (f"{setup.precision.value} under DeepSpeed: every parameter cast to {half} in place (adapters too), no "
+                "autocast, an fp32 master partition; the optimizer: see the DeepSpeed notes")
     else:
         precision = (f"{setup.precision.value} under accelerate (or the HF Trainer): torch.autocast({half}) around the "
                      "forward over fp32 weights, their half copies cached until the forward ends; outputs converted "

@@ -16,6 +16,7 @@ from oomlab.budget import sharding
 from oomlab.budget.result import MemCategory
 from oomlab.budget.sharding import Share
 from oomlab.core.choices import Method, Optimizer, Precision, Strategy
+from oomlab.core.layouts import Family
 from oomlab.core.models import ModelSpec
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.versions import Fact, applies
@@ -57,11 +58,18 @@ def _has_experts(spec: ModelSpec) -> bool:
     return any(layout.experts for layout in spec.layer_layouts)
 
 
+# families whose experts are 3-D parameters in every transformers release (bitsandbytes never quantizes them):
+# GraniteMoeParallelExperts.weight (num_experts x out x in, models/granitemoe/modeling_granitemoe.py) and gpt-oss's
+# GptOssExperts.gate_up_proj / down_proj (models/gpt_oss/modeling_gpt_oss.py) -- not nn.Linear in 4.x either
+EXPERTS_ALWAYS_3D = frozenset({Family.GRANITEMOE, Family.GPT_OSS})
+
+
 def experts_quantized(setup: TrainingSetup) -> bool:
     """Does bitsandbytes quantize the MoE experts?  Where transformers builds them as nn.Linear modules (4.x:
     Mixtral's ``w1``/``w2``/``w3`` per expert), yes; from 5.0 they are 3-D parameters it leaves in the load dtype
-    (:attr:`~oomlab.core.versions.Fact.MOE_EXPERTS_3D`)."""
-    return not applies(Fact.MOE_EXPERTS_3D, setup.versions)
+    (:attr:`~oomlab.core.versions.Fact.MOE_EXPERTS_3D`), and Granite MoE's and gpt-oss's are 3-D in every release
+    (:data:`EXPERTS_ALWAYS_3D`)."""
+    return setup.model.family not in EXPERTS_ALWAYS_3D and not applies(Fact.MOE_EXPERTS_3D, setup.versions)
 
 
 def quantized_parameters(setup: TrainingSetup) -> int:
