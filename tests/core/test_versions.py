@@ -99,6 +99,8 @@ BOUNDARIES = [
     (Fact.LOSS_SHIFTS_LABELS, "transformers", "4.48.3", "4.49.0"),
     (Fact.MOE_EXPERTS_3D, "transformers", "4.57.1", "5.0.0"),
     (Fact.TRAINER_FUSED_ADAMW, "transformers", "4.53.3", "4.54.0"),
+    (Fact.LOAD_DTYPE_AUTO, "transformers", "4.57.1", "5.0.0"),
+    (Fact.LOAD_STREAMS, "transformers", "4.57.1", "5.0.0"),
 ]
 
 

@@ -233,6 +233,24 @@ class Fact(Choice):
         "PR #37358 'Defaults to adamw_torch_fused for Pytorch>=2.8' (merged 2025-07; NB: 4.54.0 is the first release "
         "after the merge, inferred from its date)")
 
+    LOAD_DTYPE_AUTO = (
+        "load-dtype-auto", "transformers", (5, 0, 0),
+        "from_pretrained without a dtype loads dtype='auto': the checkpoint's config.json torch_dtype (else its first "
+        "floating weight's dtype); before, the model was built and loaded in torch's default float32",
+        "transformers 5.24 modeling_utils.py:4186-4187 ('if dtype is None: dtype = \"auto\"'), _get_dtype:829-833; "
+        "4.x from_pretrained sets the default dtype only under 'if torch_dtype is not None:' and documents 'If not "
+        "specified - the model will get loaded in torch.float (fp32)' (docs v4.40.1 main_classes/model; NB: the 4.x "
+        "line number not found in the stored sources, and 5.0.0 taken as the release that changed it)")
+    LOAD_STREAMS = (
+        "load-streams", "transformers", (5, 0, 0),
+        "from_pretrained always builds the model on the meta device and streams the checkpoint tensor by tensor; "
+        "before, only low_cpu_mem_usage=True (implied by a device_map, a bitsandbytes quantization or accelerate's "
+        "FSDP cpu_ram_efficient_loading) did -- else a full model was built on the host, each shard loaded beside it",
+        "transformers 5.24 modeling_utils.py:4179-4181 (low_cpu_mem_usage among the kwargs 'Not used anymore'); "
+        "4.x modeling_utils.py from_pretrained: 'if device_map is not None: low_cpu_mem_usage = True', PR #25603 "
+        "(4/8-bit forces it), commit 3f06f95 modeling_utils.py:3442-3443 (is_fsdp_enabled() -> True); NB: releases "
+        "4.51-4.57 may already stream (the from_pretrained refactor), 5.0.0 is the release checked")
+
     @property
     def release_text(self) -> str:
         return f"{self.package} {'.'.join(map(str, self.since))}"
@@ -245,7 +263,8 @@ FACTS = tuple(Fact)
 # adapters go on their own modules), their loss on half logits chunk by chunk (the newest behaviour's bytes or fewer),
 # their own MoE and optimizer code (the newest).
 FRAMEWORK_BEHAVIOUR = {Fact.PEFT_KBIT_UPCAST: False, Fact.LOSS_UPCASTS_LOGITS: True, Fact.LOSS_SHIFTS_LABELS: True,
-                       Fact.MOE_EXPERTS_3D: True, Fact.TRAINER_FUSED_ADAMW: True}
+                       Fact.MOE_EXPERTS_3D: True, Fact.TRAINER_FUSED_ADAMW: True, Fact.LOAD_DTYPE_AUTO: True,
+                       Fact.LOAD_STREAMS: True}
 
 
 def trainer_default_optimizer(versions: Versions) -> str:
