@@ -66,6 +66,10 @@ def _check_traceable(setup: TrainingSetup) -> None:
             f"trainer {setup.trainer.value!r} is analytic only: the traced step is the SFT step, and a trace of it "
             "would not hold the reference model, the concatenated pairs or TRL's fused head; use source='analytic' "
             "(oomlab.budget.trainers, checked against real TRL steps: docs/trainers-small-scale.md)")
+    if setup.loss.fused:
+        raise InvalidValueError(
+            f"loss {setup.loss.value!r} is analytic only: its kernels are Triton's, which do not run on CPU, and the "
+            "traced step computes transformers' loss; use source='analytic' (oomlab.budget.loss_kernels)")
     if setup.strategy in (Strategy.ZERO1, Strategy.ZERO2):
         raise InvalidValueError(
             f"strategy {setup.strategy.value!r} is analytic only: DeepSpeed ZeRO has no PyTorch-native tracer on "
@@ -250,8 +254,8 @@ def cache_key(setup: TrainingSetup) -> str:
             value = {"name": value.name, "config": dict(value.config)}
         elif f.name == "gpu":
             continue  # a trace does not depend on the GPU model
-        elif f.name in ("trainer", "reference"):
-            continue  # a trace is always the SFT step (other trainers are refused): keys from before them hold
+        elif f.name in ("trainer", "reference", "loss"):
+            continue  # a trace is always the SFT step with transformers' loss (others are refused): keys hold
         elif isinstance(value, enum.Enum):
             value = value.value
         fields[f.name] = value

@@ -189,6 +189,29 @@ class Attention(Choice):
     SDPA = "sdpa"  # torch.nn.functional.scaled_dot_product_attention
 
 
+class Loss(Choice):
+    """How the causal-LM loss is computed from the last hidden states (the budget of each:
+    :mod:`oomlab.budget.loss_kernels`).
+
+    - ``standard``: transformers' ``lm_head`` then ``ForCausalLMLoss``: the (tokens × vocab) logits, their fp32
+      copy, the saved log-softmax and the logits' gradients.
+    - ``liger-flce``: Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss`` (TrainingArguments ``use_liger_kernel``,
+      LLaMA-Factory ``enable_liger_kernel``, axolotl's LigerPlugin with ``liger_fused_linear_cross_entropy``): the
+      head and the loss fused over chunks of rows, the gradients computed in forward; no (tokens × vocab) logits.
+    - ``cce``: Apple's Cut Cross-Entropy (axolotl ``cut_cross_entropy``): the log-sum-exp and its gradient computed
+      blockwise in SRAM; no (tokens × vocab) tensor at all.
+    """
+
+    STANDARD = "standard"  # lm_head + torch cross_entropy: the logits materialised
+    LIGER_FLCE = "liger-flce"  # Liger's fused linear cross-entropy: a chunk of rows × vocab at a time
+    CCE = "cce"  # Cut Cross-Entropy: blockwise, no logits
+
+    @property
+    def fused(self) -> bool:
+        """Does the loss replace the head's (tokens × vocab) logits?"""
+        return self is not Loss.STANDARD
+
+
 class Route(Choice):
     """How one training run lays the model out over the GPUs of a node."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
+from oomlab.core.choices import Attention, Loss, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_GPUS, SEED_MODEL
 
 __all__ = ["DEFAULTS", "DEFAULT_LORA_ALPHA", "DEFAULT_LORA_TARGETS", "SetupDefaults", "launch_strategy"]
@@ -47,6 +47,7 @@ class SetupDefaults:
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     trainer: Trainer = Trainer.SFT  # the training loop: supervised fine-tuning (transformers' Trainer / SFTTrainer)
     reference: Reference = Reference.DEFAULT  # the trainer's reference model as its config defaults it
+    loss: Loss = Loss.STANDARD  # transformers' loss over materialised logits (no Liger, no Cut Cross-Entropy)
 
 
 DEFAULTS = SetupDefaults()

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
+from oomlab.core.choices import Attention, Loss, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
 from oomlab.core.defaults import DEFAULT_LORA_TARGETS, DEFAULTS, launch_strategy
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import GPUSpec, load_gpu
@@ -59,6 +59,7 @@ class TrainingSetup:
     # carries; defaulted so a setup built field by field (a record written before it existed) is the SFT it was
     trainer: Trainer = DEFAULTS.trainer
     reference: Reference = DEFAULTS.reference  # the trainer's reference model: its default, resident or none
+    loss: Loss = DEFAULTS.loss  # the causal-LM loss: over materialised logits, Liger's fused kernel, Cut CE
     # the user's library releases (core.versions): the installed ones where not given
     versions: Versions = field(default_factory=installed_versions)
 
@@ -77,7 +78,8 @@ class TrainingSetup:
 
 
 _CHOICE_FIELDS = {"strategy": Strategy, "method": Method, "precision": Precision, "optimizer": Optimizer,
-                  "attention": Attention, "trainer": Trainer, "reference": Reference}
+                  "attention": Attention, "trainer": Trainer, "reference": Reference,
+                  "loss": Loss}
 
 
 MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest single NVLink domain sold; a plan of more answers slowly
@@ -174,6 +176,7 @@ def make_setup(
     lora_targets: Sequence[str] | str = DEFAULTS.lora_targets,
     trainer: str | Trainer = DEFAULTS.trainer,
     reference: str | Reference = DEFAULTS.reference,
+    loss: str | Loss = DEFAULTS.loss,
     versions: Versions | Mapping[str, str] | str | None = None,
 ) -> TrainingSetup:
     """Build and validate a :class:`TrainingSetup` from names (as typed on the CLI) or objects; what is not given is
@@ -202,6 +205,7 @@ def make_setup(
             lora_targets=tuple(lora_targets),
             trainer=choice(Trainer, trainer, "trainer"),
             reference=choice(Reference, reference, "reference"),
+            loss=choice(Loss, loss, "loss"),
             versions=versions_from(versions),
         )
     )
