@@ -16,6 +16,7 @@ from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.setup import make_setup
 from oomlab.core.user_input import shown
+from oomlab.core.versions import installed_versions
 from oomlab.launch import keys as K
 from oomlab.launch.axolotl import VERSION as AXOLOTL
 from oomlab.launch.batch import World, deepspeed_batch
@@ -25,6 +26,7 @@ from oomlab.launch.files import LaunchFile, read_json, read_yaml
 from oomlab.launch.framework_read import read_framework
 from oomlab.launch.given import given_claims, trainer_default
 from oomlab.launch.llamafactory import VERSION as LLAMAFACTORY
+from oomlab.launch.load_peak import default_load_dtype
 from oomlab.launch.nodes import hostfile_path, read_hostfile, slurm_claims
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, assumed, default_origin, file_origin, flag_origin
 from oomlab.launch.read import (
@@ -36,7 +38,6 @@ from oomlab.launch.read import (
     UserLaunch,
     accelerate_refs,
     bool_value,
-    dtype_name,
     file_lookup,
     flag_lookup,
     int_value,
@@ -324,9 +325,9 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
               "lora_rank": fields["lora_rank"].value, "lora_alpha": fields["lora_alpha"].value,
               "lora_targets": fields["lora_targets"].value}
     precision = fields["precision"].value
-    if "load_dtype" not in fields:  # nothing names it: from_pretrained's dtype taken as the precision's half
-        fields["load_dtype"] = Sourced(precision.compute_dtype, assumed(
-            f"no torch_dtype in the launch or the model's config.json: the dtype {precision.value} computes in"))
+    versions = inputs.versions if inputs.versions is not None else installed_versions()
+    if "load_dtype" not in fields:  # nothing names it: from_pretrained's default at the user's transformers release
+        fields["load_dtype"] = default_load_dtype(spec, precision, versions, method.value is Method.QLORA)
     settings = None
     if kind == "DEEPSPEED":
         config = dict(ds.data) if ds is not None else _inline_deepspeed(refs)
@@ -358,7 +359,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         fields["precision"], precision = trained, trained.value
         unmodelled += [refused] if refused is not None else []
     setup = make_setup(strategy=strategy, precision=precision, optimizer=fields["optimizer"].value,
-                       trainer=kind.value, reference=reference.value, **common)
+                       trainer=kind.value, reference=reference.value, versions=versions, **common)
     zero3 = _zero3_init(refs, trainer)
     fields.update({"model": Sourced(spec.name, model_origin), "strategy": Sourced(strategy, strategy_origin),
                    "method": method, "zero3_init": zero3, "trainer": kind, "reference": reference,
@@ -415,11 +416,6 @@ def _quantization_and_adapter(claims: Claims, inputs: LaunchInputs, spec: ModelS
         files.append(q.path)
         _quant_claims(claims, dict(q.data), q.origin)
         unmodelled += _unmodelled_leaves(q, K.QUANT_KEYS)
-    dtype = spec.config.get("torch_dtype") or spec.config.get("dtype") if spec.config else None
-    if dtype and dtype != "auto":
-        origin = default_origin(K.TRANSFORMERS, f"from_pretrained dtype='auto': the checkpoint's {dtype} "
-                                f"({spec.source})")
-        claims.say("load_dtype", dtype_name(dtype, origin), origin, Strength.DEFAULT)
     if inputs.adapter_config:
         a = read_json(inputs.adapter_config)
         files.append(a.path)
