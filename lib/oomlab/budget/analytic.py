@@ -17,6 +17,7 @@ from oomlab.budget import states
 from oomlab.budget.deepspeed import deepspeed_notes
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.inventory import assemble_phases, take_inventory
+from oomlab.budget.loss_kernels import loss_note
 from oomlab.budget.result import BudgetResult, MemCategory, Source, outside_note
 from oomlab.budget.step_parts import Inventory
 from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Precision
@@ -179,6 +180,8 @@ def sft_estimate(setup: TrainingSetup, outside_bytes: int | None = None,
         ALLOCATOR_NOTE,
     )
     notes += versions_notes(setup)
+    if setup.loss.fused:
+        notes += (loss_note(setup),)
     if setup.strategy.deepspeed:
         notes += deepspeed_notes(setup, inventory)
     if len(setup.model.attention_implementations()) == 1:  # make_setup took the one transformers allows

@@ -37,6 +37,7 @@ def estimate(
     lora_targets: Sequence[str] | str = DEFAULTS.lora_targets,
     trainer: str = DEFAULTS.trainer.value,
     reference: str = DEFAULTS.reference.value,
+    loss: str = DEFAULTS.loss.value,
     source: str = "analytic",
     outside_bytes: int | None = None,
     deepspeed: DeepSpeedSettings | None = None,
@@ -51,6 +52,8 @@ def estimate(
     file; :mod:`oomlab.core.versions`), the installed ones for every package not given (the notes say which).
     ``trainer``: the training loop (``sft``, ``dpo``, ``orpo``, ``kto``, ``grpo``, ``ppo``, ``reward``) and
     ``reference`` its reference model (``default``, ``resident``, ``none``): :mod:`oomlab.budget.trainers`.
+    ``loss``: ``standard`` (transformers' loss over materialised logits), ``liger-flce`` (Liger's fused linear
+    cross-entropy) or ``cce`` (Cut Cross-Entropy): :mod:`oomlab.budget.loss_kernels`.
     ``deepspeed``: DeepSpeed's knobs for the ``zero*`` strategies (default: what the HF integration resolves
     ``"auto"`` to; read a user's JSON with :func:`oomlab.budget.deepspeed_config.read_deepspeed_config`).
     """
@@ -58,7 +61,7 @@ def estimate(
         raise UnknownNameError("source", source, SOURCES)
     args = (model, gpu, gpus, nodes, strategy, method, precision, optimizer, batch, seq, checkpointing, attention,
             lora_rank, lora_alpha, tuple(lora_targets) if isinstance(lora_targets, list) else lora_targets, trainer,
-            reference)
+            reference, loss)
     try:
         setup = _validated_setup(*args, versions=versions)
     except TypeError:  # an unhashable argument: validate it without the memo (same result, same errors)

@@ -1,0 +1,178 @@
+"""The fused / chunked cross-entropy kernels that replace transformers' loss: what they allocate instead of the
+(tokens × vocab) logits, their fp32 copy, the saved log-softmax and the logits' gradients.
+
+Read from the kernels' sources (no measurement: both are Triton kernels, which do not run on CPU; liger-kernel and
+cut-cross-entropy import triton at module load):
+
+**Liger's fused linear cross-entropy** (``setup.loss`` ``liger-flce``), linkedin/Liger-Kernel 0.8.2 at commit
+ead96b618e5c67bddc6a6e9bcb99bfe6b5ab661c, ``src/liger_kernel/ops/fused_linear_cross_entropy.py``
+(``fused_linear_cross_entropy_forward``):
+
+- :68-69 ``inc_factor = cdiv(V, H)``, ``chunk_size = next_power_of_2(cdiv(BT, inc_factor))``: the rows of one
+  chunk (:func:`liger_chunk_rows`; a chunk never exceeds ``BT`` rows, the slice at :111 stops there);
+- :72 ``grad_input = zeros_like(_input)``: ``BT × H`` in the final norm output's dtype;
+- :77 ``grad_weight = zeros_like(weight)`` when the head is trained (``accum_dtype=None``, what
+  ``LigerForCausalLMLoss`` passes): ``V × H`` in the head weight's dtype;
+- :86 ``loss_1d``: ``BT`` fp32; :92 ``target_mask``: ``BT`` bools;
+- :114 ``logits_chunk = _input_chunk @ weight.t()``: ``chunk × V`` in the compute dtype (under autocast the fp32
+  input chunk is cast to half first: ``chunk × H``); the cross-entropy kernel writes the logits' gradient into it in
+  place (:212 ``grad_logits_chunk = logits_chunk``): no fp32 copy of the chunk, no separate gradient buffer;
+- :231 ``grad_input[...] = grad_logits_chunk @ weight``: a ``chunk × H`` product in the compute dtype, copied in;
+- :233-257 the head's gradient: ``addmm(..., out_dtype=float32, out=grad_weight)`` with no temporary where torch >=
+  2.8, compute capability >= 8, an fp32 ``grad_weight`` and half logits; otherwise :257
+  ``grad_weight += mm(grad_logits_chunk.t(), _input_chunk).float()``: a ``V × H`` product in the compute dtype and
+  its fp32 copy;
+- :431 ``ctx.save_for_backward(grad_input, grad_weight, ...)``: both held until backward, which only scales them in
+  place (``element_mul_kernel``): nothing new is allocated in backward.
+
+The head's input (``lm_head: input``) is no longer saved by an ``nn.Linear`` (Liger's ``lce_forward`` never calls
+``lm_head``: ``src/liger_kernel/transformers/model/llama.py`` :118-129), nor is autocast's half copy of the head kept
+for backward.
+
+**Cut Cross-Entropy** (``setup.loss`` ``cce``), apple/ml-cross-entropy 25.6.4 at commit
+d42911f9b1a1f98289bb601c35c8151562603d74 (axolotl's ``cut_cross_entropy: true`` patches in this kernel):
+
+- ``cut_cross_entropy/cce.py`` :72-73 under autocast ``e.to(half)``, ``c.to(half)``: the embeddings (``BT × H``) and
+  the classifier (``V × H``) in the compute dtype, saved for backward (:141, with ``lse``, the targets, the valid
+  indices and ``logit_avg``); the classifier's half copy is the same bytes as the autocast copy of the head the
+  standard budget already holds (``autocast_copy_bytes``), so it is not counted twice;
+- ``cce_lse_forward.py`` :193 ``lse``: ``BT`` fp32; :201 ``logit_avg``: ``V`` fp32 (``filter_eps="auto"``, the
+  default, ``cce.py`` :62, :271); ``indexed_neg_dot_forward_kernel``'s ``BT`` fp32 (``cce.py`` :119);
+- ``utils.py`` :38 the valid indices: ``BT`` int32; the targets: ``BT`` int64;
+- backward: ``cce.py`` :172 ``vocab_ordering`` (``V`` int32); ``cce_backward.py`` :391 ``de = zeros_like(e)``
+  (``BT × H``, compute dtype), :394 ``dc = zeros_like(c)`` when the head is trained (``V × H``, compute dtype), and
+  their casts back to the caller's dtypes (:516, :519: fp32 ``V × H`` / ``BT × H`` where the head / the embeddings
+  were fp32).
+
+Not modelled: Liger's ``accum_dtype`` (fp32 accumulators, off by default), ``reduction="none"`` (recomputes in
+backward), CCE's ``accum_e_fp32`` / ``accum_c_fp32`` (off by default) and its vocabulary-parallel mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from oomlab.budget import activations as act
+from oomlab.budget.activations import FP32, HALF, INDEX, Regime
+from oomlab.budget.step_parts import StepTensors
+from oomlab.core.choices import Loss, Method, Precision
+from oomlab.core.setup import TrainingSetup
+from oomlab.core.units import format_size
+
+LIGER = "Liger-Kernel 0.8.2 (linkedin/Liger-Kernel@ead96b6, src/liger_kernel/ops/fused_linear_cross_entropy.py)"
+CCE = "cut-cross-entropy 25.6.4 (apple/ml-cross-entropy@d42911f, cut_cross_entropy/cce.py, cce_backward.py)"
+ADDMM_OUT_DTYPE_TORCH = (2, 8)  # :18 ``_ADDMM_SUPPORTS_OUT_DTYPE = torch >= 2.8.0``
+ADDMM_OUT_DTYPE_CC = 8  # :238 ``get_device_capability(...)[0] >= 8``
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+def liger_chunk_rows(tokens: int, vocab: int, hidden: int) -> int:
+    """Rows of one Liger chunk (:68-69): ``next_power_of_2(cdiv(BT, cdiv(V, H)))``, at most ``BT`` (the slice
+    ``_input[start:end]`` stops at ``BT``).  Liger's own example (:63): BT 16384, V 32000, H 4096 → 2048."""
+    inc_factor = -(-vocab // hidden)
+    return min(_next_power_of_2(-(-tokens // inc_factor)), tokens)
+
+
+def _compute(setup: TrainingSetup) -> int:
+    return FP32 if setup.precision is Precision.FP32 else HALF
+
+
+def _head_weight_bytes(setup: TrainingSetup) -> int:
+    """Bytes per element of the LM head's weight as the kernel reads it: fp32 where the trained weights are fp32
+    (fp32, or torch's mixed precision), half where a policy or DeepSpeed hands it half weights."""
+    return FP32 if act.regime(setup) in (Regime.FP32, Regime.AUTOCAST) and setup.method is Method.FULL else HALF
+
+
+def _head_copy(setup: TrainingSetup) -> int:
+    """Autocast's half copy of an fp32 head, which the standard budget keeps for backward (``autocast_copy_bytes``)."""
+    r = act.regime(setup)
+    fp32_head = setup.method is Method.FULL or act.kbit_upcast(setup)
+    return HALF * setup.model.vocab_size * setup.model.hidden_size if r is Regime.AUTOCAST and fp32_head else 0
+
+
+def _head_input(setup: TrainingSetup) -> int:
+    """The ``lm_head: input`` the standard budget counts among the saved activations (full fine-tuning only)."""
+    if setup.method is not Method.FULL:
+        return 0
+    return act.tokens(setup) * setup.model.hidden_size * (FP32 if act.regime(setup) is Regime.FP32 else HALF)
+
+
+def liger_accumulate_bytes(setup: TrainingSetup) -> int:
+    """The head's gradient accumulation temporaries per chunk (:233-257): none on the ``addmm(out_dtype=float32)``
+    path, else the ``V × H`` product in the compute dtype and its ``.float()`` copy."""
+    if setup.method is not Method.FULL:
+        return 0
+    vh = setup.model.vocab_size * setup.model.hidden_size
+    c = _compute(setup)
+    torch = setup.versions.release("torch")
+    addmm = (torch is None or torch >= ADDMM_OUT_DTYPE_TORCH) and \
+        setup.gpu.compute_capability[0] >= ADDMM_OUT_DTYPE_CC and _head_weight_bytes(setup) == FP32 and c == HALF
+    if addmm:
+        return 0
+    return vh * c + (vh * FP32 if c != FP32 else 0)
+
+
+def liger_tensors(setup: TrainingSetup, t: StepTensors) -> StepTensors:
+    """``t`` with transformers' loss replaced by Liger's fused linear cross-entropy (the terms: module docstring).
+
+    ``logits``: the forward's transient inside the kernel (one chunk's logits, its input cast, the ``grad_input``
+    product, the accumulation temporaries, ``loss_1d`` and the mask); ``log_softmax``: what it saves for backward
+    (``grad_input`` and ``grad_weight``, allocated in forward); no fp32 logits and no backward gradients.
+    """
+    spec, n = setup.model, act.tokens(setup)
+    h, v, c = spec.hidden_size, spec.vocab_size, _compute(setup)
+    rows = liger_chunk_rows(n, v, h)
+    hidden = act.stream_bytes(setup)  # the final norm's output, the kernel's ``_input``
+    grad_input = n * h * hidden
+    grad_weight = v * h * _head_weight_bytes(setup) if setup.method is Method.FULL else 0
+    cast = rows * h * c if hidden != c else 0  # autocast's half copy of the fp32 input chunk
+    head_cast = v * h * c if _head_weight_bytes(setup) != c else 0  # ``weight.t()`` is no leaf: cast per chunk
+    forward = rows * v * c + cast + head_cast + rows * h * c + liger_accumulate_bytes(setup) + FP32 * n + n
+    return replace(t, layer_activations=t.layer_activations - _head_input(setup),
+                   autocast_copies=max(t.autocast_copies - _head_copy(setup), 0), logits=forward, logits_fp32=0,
+                   log_softmax=grad_input + grad_weight, loss_grad=0)
+
+
+def cce_tensors(setup: TrainingSetup, t: StepTensors) -> StepTensors:
+    """``t`` with transformers' loss replaced by Cut Cross-Entropy (the terms: module docstring).
+
+    ``logits``: the forward's transients (``lse``, ``logit_avg``, the target logits); ``log_softmax``: what it saves
+    (the embeddings in the compute dtype, ``lse``, ``logit_avg``, the targets and valid indices); ``2 × loss_grad``:
+    the backward's gradients (``de``, ``dc``, their casts back, ``vocab_ordering``).
+    """
+    spec, n = setup.model, act.tokens(setup)
+    h, v, c = spec.hidden_size, spec.vocab_size, _compute(setup)
+    hidden = act.stream_bytes(setup)
+    forward = FP32 * n + FP32 * v + FP32 * n
+    saved = n * h * c + FP32 * n + FP32 * v + INDEX * n + 4 * n
+    trained = setup.method is Method.FULL
+    backward = 4 * v + n * h * c + (n * h * FP32 if hidden != c else 0)
+    if trained:
+        backward += v * h * c + (v * h * FP32 if _head_weight_bytes(setup) != c else 0)
+    return replace(t, layer_activations=t.layer_activations - _head_input(setup), logits=forward, logits_fp32=0,
+                   log_softmax=saved, loss_grad=-(-backward // 2))
+
+
+def loss_tensors(setup: TrainingSetup, t: StepTensors) -> StepTensors:
+    """``t`` (transformers' loss) as ``setup.loss`` computes it."""
+    if setup.loss is Loss.LIGER_FLCE:
+        return liger_tensors(setup, t)
+    if setup.loss is Loss.CCE:
+        return cce_tensors(setup, t)
+    return t
+
+
+def loss_note(setup: TrainingSetup) -> str | None:
+    """One line for the budget's notes: which kernel computes the loss and what it allocates, with its source."""
+    spec, n = setup.model, act.tokens(setup)
+    if setup.loss is Loss.LIGER_FLCE:
+        rows = liger_chunk_rows(n, spec.vocab_size, spec.hidden_size)
+        chunk = rows * spec.vocab_size * _compute(setup)
+        return (f"loss: Liger's fused linear cross-entropy, chunks of {rows} rows × {spec.vocab_size} "
+                f"({format_size(chunk)}), no (tokens × vocab) logits ({LIGER})")
+    if setup.loss is Loss.CCE:
+        return f"loss: Cut Cross-Entropy, blockwise log-sum-exp, no (tokens × vocab) logits ({CCE})"
+    return None
