@@ -11,6 +11,7 @@ from typing import Any
 from oomlab.budget.analytic import versions_notes
 from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.inventory import model_states
+from oomlab.budget.loss_kernels import loss_note
 from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
 from oomlab.budget.trainers import trainer_terms
 from oomlab.core.choices import Optimizer, Precision, Strategy, Trainer
@@ -28,7 +29,8 @@ def render_budget(result: BudgetResult) -> str:
         f"{s.model.name} on {s.world_size} x {s.gpu.name} ({format_size(result.capacity_bytes)} each): "
         f"{s.strategy.value}, {s.method.value}, {s.precision.value}, {s.optimizer.value}, micro-batch {s.batch}, "
         f"seq {s.seq}, checkpointing {'on' if s.checkpointing else 'off'}, {s.attention.value}"
-        + ("" if s.trainer is Trainer.SFT else f", trainer {s.trainer.value}") + f" [{result.source.value}]",
+        + ("" if s.trainer is Trainer.SFT else f", trainer {s.trainer.value}")
+        + (f", loss {s.loss.value}" if s.loss.fused else "") + f" [{result.source.value}]",
         f"peak in the {result.peak_phase.value} phase:",
     ]
     for category, value in sorted(result.components.items(), key=lambda kv: -kv[1]):
@@ -42,6 +44,8 @@ def render_budget(result: BudgetResult) -> str:
         f"host RAM needed: {format_size(result.host_ram_bytes)}",
         *versions_notes(s),  # the releases assumed (given or installed) and what they change here
     ]
+    if s.loss.fused:  # the kernel that replaces the logits, with its source (oomlab.budget.loss_kernels)
+        lines.append(loss_note(s))
     if s.trainer is not Trainer.SFT:  # the trainer's own terms, each with its source (oomlab.budget.trainers)
         lines += [f"  {line}" for line in trainer_terms(s).lines]
     return "\n".join(lines)

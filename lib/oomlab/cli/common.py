@@ -11,6 +11,7 @@ from typing import Any
 
 from oomlab.core.choices import (
     Attention,
+    Loss,
     MessageFormat,
     Method,
     Optimizer,
@@ -162,6 +163,15 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
                         f"or a pip freeze file; packages read: {', '.join(KNOWN_PACKAGES)}; default: the installed "
                         "releases (the budget's notes say which)")
     add_trainer_arguments(parser)
+    add_loss_argument(parser, DEFAULTS.loss.value)
+
+
+def add_loss_argument(parser: argparse.ArgumentParser, default: str | None) -> None:
+    """``--loss``: how the causal-LM loss is computed (oomlab.budget.loss_kernels)."""
+    parser.add_argument("--loss", choices=[m.value for m in Loss], default=default,
+                        help="the causal-LM loss: standard = transformers' loss over the (tokens x vocab) logits; "
+                        "liger-flce = Liger's fused linear cross-entropy (use_liger_kernel=True); cce = Cut "
+                        "Cross-Entropy (axolotl cut_cross_entropy)" + ("" if default else "; none: as the launch says"))
 
 
 def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
@@ -185,7 +195,7 @@ def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "optimizer": args.optimizer, "batch": args.batch, "seq": args.seq,
             "checkpointing": args.checkpointing, "attention": args.attention, "lora_rank": args.lora_rank,
             "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets, "trainer": args.trainer,
-            "reference": args.reference, "versions": args.versions}
+            "reference": args.reference, "loss": args.loss, "versions": args.versions}
 
 
 def host_ram_argument(text: str) -> int | str:
