@@ -268,7 +268,7 @@ def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes
     cap = assumptions.throughput_batch_cap
     bounded = []
     for i, c in enumerate(cands):
-        bound = step_time(replace(c.setup, batch=cap), assumptions, c.route).tokens_per_s
+        bound = step_time(c.setup, assumptions, c.route, batch=cap).tokens_per_s
         bounded.append((rank_key(True, True, bound, c.optimizer, 0)[2], bound, i, c))
     bounded.sort(key=lambda t: (t[0], t[2]))  # best bound first, then the plan's order
     evaluator = _MemoEvaluator(host_ram_bytes, outside_bytes)
@@ -292,7 +292,7 @@ def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes
             return known[b]
 
         b = cap if fits_batch(cap) else largest_true(fits_batch, 1, cap)
-        tps = step_time(replace(c.setup, batch=b), assumptions, c.route).tokens_per_s
+        tps = step_time(c.setup, assumptions, c.route, batch=b).tokens_per_s
         found.append(((*rank_key(True, True, tps, c.optimizer, ev.per_gpu_peak_bytes), i), c, ev, tps))
     if not found:
         return None, _closest(evaluated, len(cands), host_ram_bytes), len(cands), len(evaluated)

@@ -19,12 +19,12 @@ from typing import Any
 
 from oomlab.budget.result import Fit
 from oomlab.core.choices import Method, Optimizer, Precision, Reference, Route, Strategy, Trainer
-from oomlab.core.defaults import DEFAULTS
+from oomlab.core.defaults import DEFAULTS, launch_strategy
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.prices import HOST_RAM_AUTO, resolve_host_ram
-from oomlab.core.setup import TrainingSetup, make_setup
+from oomlab.core.setup import TrainingSetup, make_setup, validate
 from oomlab.core.units import format_size
 from oomlab.core.versions import Versions
 from oomlab.remedies.knobs import KnobChange, knob_table
@@ -307,6 +307,9 @@ def plan_grid(spec: ModelSpec, gpu_spec: GPUSpec, gpus: int, nodes: int, *, batc
     message); ``run``: what every candidate keeps of the user's run (:data:`KEPT`)."""
     run = dict(run or {})
     one_gpu = gpus * nodes == 1  # no multi-GPU strategy on one GPU (ONE_GPU_NOTE)
+    # every name looked up once: each candidate is this probe with its five axes, validated as make_setup validates
+    probe = make_setup(model=spec, gpu=gpu_spec, gpus=gpus, nodes=nodes, batch=batch, seq=seq, attention=attention,
+                       lora_rank=lora_rank, **run)
     routes = [(Route.PROCESS_PER_GPU, s) for s in Strategy if not (one_gpu and s in MULTI_GPU_ONLY)]
     if not one_gpu:
         routes.append((Route.DEVICE_MAP, Strategy.SINGLE))
@@ -315,9 +318,8 @@ def plan_grid(spec: ModelSpec, gpu_spec: GPUSpec, gpus: int, nodes: int, *, batc
         if route is Route.DEVICE_MAP and nodes > 1:
             continue  # device_map places within one node
         try:
-            setup = make_setup(model=spec, gpu=gpu_spec, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
-                               precision=prec, optimizer=opt, batch=batch, seq=seq, checkpointing=ckpt,
-                               attention=attention, lora_rank=lora_rank, **run)
+            setup = validate(replace(probe, strategy=launch_strategy(strategy, gpus * nodes), method=method,
+                                     precision=prec, optimizer=opt, checkpointing=ckpt))
         except InvalidValueError as err:
             yield Candidate(route, strategy, method, prec, opt, ckpt, None, f"dropped: {err}")
             continue

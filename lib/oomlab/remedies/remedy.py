@@ -275,7 +275,7 @@ def evaluate_remedy(setup: TrainingSetup, host_ram_bytes: int, *, route: Route =
     tps, step = None, None
     if ev.fits:
         b = min(max_batch or setup.batch, assumptions.throughput_batch_cap)
-        step = step_time(replace(setup, batch=b), assumptions, route)
+        step = step_time(setup, assumptions, route, batch=b)
         tps = step.tokens_per_s
     return Remedy(
         name=remedy_name(route, setup.strategy, setup.method, setup.precision, setup.optimizer, setup.checkpointing,

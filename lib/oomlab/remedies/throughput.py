@@ -250,12 +250,14 @@ def dequantize_seconds(setup: TrainingSetup) -> float:
     return traffic / setup.gpu.memory_bandwidth_bytes_per_s
 
 
-def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Route.PROCESS_PER_GPU) -> StepTime:
-    """The step time of ``setup`` (per GPU; one GPU at a time on the device-map route)."""
+def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Route.PROCESS_PER_GPU,
+              batch: int | None = None) -> StepTime:
+    """The step time of ``setup`` (per GPU; one GPU at a time on the device-map route) at its micro-batch, or at
+    ``batch`` (the same figure as ``setup`` with that micro-batch: nothing else here depends on it)."""
     gpu = setup.gpu
     peak = gpu.peak_fp32_flops if setup.precision is Precision.FP32 else (
         gpu.peak_bf16_flops if setup.precision.uses_bf16 and gpu.peak_bf16_flops else gpu.peak_fp16_flops)
-    tokens = setup.batch * setup.seq
+    tokens = (setup.batch if batch is None else batch) * setup.seq
     compute = tokens * flops_per_token(setup).total / (peak * mfu_for(gpu, assumptions)[0])
     link, peer = gpu.host_link_bytes_per_s, gpu.gpu_to_gpu_bytes_per_s
     if route is Route.DEVICE_MAP:
