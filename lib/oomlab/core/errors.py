@@ -39,6 +39,12 @@ class LaunchConflictError(InvalidValueError):
     """Two of the user's files or flags say different things about the same field."""
 
 
+class UnmodelledSettingError(InvalidValueError):
+    """A launch setting that moves memory in a way oomlab does not budget (context parallelism, an optimizer stepped
+    inside backward, selective activation checkpointing): refused naming the key or flag, where it was read, what it
+    does and what oomlab models, never budgeted as if absent."""
+
+
 class OutputFolderError(InvalidValueError):
     """An output folder a run may not write: it holds files no oomlab run wrote, another run holds its lock, or it
     cannot be created or written."""
