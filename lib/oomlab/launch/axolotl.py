@@ -39,6 +39,8 @@ from oomlab.launch.framework import (
     number_of,
     say_default,
 )
+from oomlab.launch.memory_flags import KEYS as MEMORY_FLAG_KEYS
+from oomlab.launch.memory_flags import memory_flags
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, default_origin
 from oomlab.launch.read import (
     MAX_BATCH,
@@ -62,7 +64,7 @@ KEYS = frozenset({
     "base_model", "adapter", "load_in_4bit", "load_in_8bit", "lora_r", "lora_alpha", "lora_target_modules",
     "lora_target_linear", "sequence_len", "micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
     "deepspeed", "fsdp", "fsdp_version", "optimizer", "bf16", "fp16", "flash_attention", "sdp_attention",
-    "attn_implementation", "rl", "trl.beta",
+    "attn_implementation", "rl", "trl.beta", *MEMORY_FLAG_KEYS,
     *(f"fsdp_config.{k}" for k in ("fsdp_version", "version", "offload_params", "fsdp_offload_params",
                                    "activation_checkpointing", "fsdp_activation_checkpointing")),
 })
@@ -83,6 +85,7 @@ def read_axolotl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gp
     config = config_file(command_dir, cmd.config)
     look = layered_lookup(cmd, config, unmodelled, _MERGE)
     read = FrameworkRead(Framework.AXOLOTL, VERSION, _trainer(look), unmodelled=unmodelled, files=[config.path])
+    read.unmodelled += memory_flags(claims, look, "axolotl")  # the loss kernel (its plugins); refused settings
     for key, name, high, default, where in (
             ("micro_batch_size", "batch", MAX_BATCH, 1, "training.py:77-78"),
             ("gradient_accumulation_steps", "accumulation", MAX_BATCH, 1, "training.py:71-72"),

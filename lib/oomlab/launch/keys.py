@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable
 
 from oomlab.core.choices import Optimizer, Precision
+from oomlab.launch.memory_flags import KEYS as MEMORY_FLAG_KEYS
 from oomlab.launch.origin import OriginKind, Unmodelled
 from oomlab.remedies.deepspeed_configs import ACCELERATE_MIXED_PRECISION
 
@@ -51,7 +52,8 @@ TRAINING_KEYS = frozenset({"fp16", "bf16", *BATCH_KEYS, *SEQ_KEYS, *CHECKPOINTIN
                            *DEEPSPEED_ARG_KEYS, *FSDP_KEYS, *FSDP_CONFIG_KEYS, *ATTENTION_KEYS, *DTYPE_KEYS,
                            *MODEL_KEYS, *PEFT_KEYS, *LORA_RANK_KEYS, *LORA_ALPHA_KEYS, *LORA_TARGET_KEYS,
                            *QUANT_4BIT_KEYS, *QUANT_8BIT_KEYS, *SOURCE_TARGET_KEYS,
-                           "gradient_accumulation_steps"})
+                           "gradient_accumulation_steps",
+                           *MEMORY_FLAG_KEYS})  # the loss kernel, refused and listed settings (launch.memory_flags)
 
 # transformers' --optim names (training_args.py OptimizerNames) -> oomlab's optimizer
 OPTIM_NAMES: dict[str, Optimizer] = {

@@ -37,6 +37,7 @@ from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims
 from oomlab.launch.command import LaunchCommand
 from oomlab.launch.framework import Framework, FrameworkRead, config_file, layered_lookup, say_default
+from oomlab.launch.memory_flags import memory_flags
 from oomlab.launch.origin import Sourced, Unmodelled, default_origin
 from oomlab.launch.read import MAX_LORA, bool_value, int_value, targets_of, training_claims
 
@@ -71,6 +72,7 @@ def read_llamafactory(claims: Claims, cmd: LaunchCommand, command_dir: str | Non
     unmodelled: list[Unmodelled] = []
     config = config_file(command_dir, cmd.config)
     look = layered_lookup(cmd, config, unmodelled, _MERGE)
+    unmodelled += memory_flags(claims, look, "llamafactory")  # the loss kernel; refused settings
     # the Trainer's gradient_checkpointing can switch checkpointing on, never off: LLaMA-Factory enables it itself
     refs = training_claims(claims, lambda key: (False, None, look(key)[2]) if key in K.CHECKPOINTING_KEYS
                            else look(key), is_json=config is not None)

@@ -44,6 +44,7 @@ from oomlab.launch.framework import (
     say_default,
     trl_script,
 )
+from oomlab.launch.memory_flags import memory_flags
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, default_origin, flag_origin
 from oomlab.launch.read import bool_value, training_claims
 
@@ -124,6 +125,7 @@ def read_trl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gpu: s
     named = cmd.flag("--config")
     config = config_file(command_dir, named[1] if named and named[1] else cmd.config)
     look = layered_lookup(cmd, config, unmodelled, _MERGE)
+    unmodelled += memory_flags(claims, look)  # the loss kernel; refused settings
     refs = training_claims(claims, look, is_json=config is not None)
     origin = flag_origin(f"trl {script}") if cmd.launcher.value == "trl" else flag_origin(cmd.script)
     kind = SCRIPTS.get(script, Trainer.SFT)
