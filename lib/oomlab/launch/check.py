@@ -3,13 +3,16 @@ partitions of ``zero.Init``) or in the training step, in which phase -- the per-
 that makes it fit (a fitting knob of :func:`oomlab.remedies.knobs.knob_table` whose launch also loads).
 
 Limitations: the load of an FSDP launch is the shard plus one unsharded decoder layer (NB: an approximation of
-FSDP's unit-by-unit move); device_map and 4-bit loads are not checked (placed as loaded; the step decides).
+FSDP's unit-by-unit move); a 4-bit base on one process per GPU is checked as bitsandbytes quantizes it on arrival
+(:func:`oomlab.launch.load_peak.quantized_load`), device_map and sharded 4-bit loads are not (the step decides).
+The host RAM every process on a node holds while loading is checked against the node's
+(:func:`oomlab.launch.load_peak.host_load`).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
@@ -25,6 +28,7 @@ from oomlab.core.user_input import read_user_text
 from oomlab.core.versions import Versions
 from oomlab.launch.fix_flags import flag_style, with_flag
 from oomlab.launch.inputs import check_inputs
+from oomlab.launch.load_peak import HostLoad, host_load, quantized_load
 from oomlab.launch.message import MessageReading, read_message
 from oomlab.launch.origin import OriginKind
 from oomlab.launch.paths import ROWS, LoadPath, load_path_of
@@ -46,6 +50,7 @@ class FailsAt(enum.Enum):
     LOAD = "load"  # before training: while the weights are put on the GPUs
     STEP = "step"  # in the training step (forward, backward or optimizer)
     HOST_RAM = "host-ram"  # the GPUs hold it, the host RAM does not (offloaded states, one copy per process)
+    LOAD_HOST_RAM = "load-host-ram"  # while loading, the node's processes together need more host RAM than it has
 
 
 @dataclass(frozen=True)
@@ -57,10 +62,17 @@ class LoadCheck:
     capacity_bytes: int
     fits: bool
     detail: str
+    host: HostLoad | None = None  # the host RAM each node holds while its processes load (None: not computed)
+
+    @property
+    def host_per_node_bytes(self) -> int:
+        return 0 if self.host is None else self.host.per_node_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path.value, "how": ROWS[self.path].how, "per_gpu_bytes": self.per_gpu_bytes,
-                "capacity_bytes": self.capacity_bytes, "fits": self.fits, "detail": self.detail}
+                "capacity_bytes": self.capacity_bytes, "fits": self.fits, "detail": self.detail,
+                "host_per_node_bytes": self.host_per_node_bytes,
+                "host_detail": None if self.host is None else self.host.detail}
 
 
 @dataclass(frozen=True)
@@ -124,7 +136,12 @@ class CheckResult:
 def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> LoadCheck:
     """Does loading fit each GPU on ``path``? The ``.to()`` paths walk ``Module._apply`` over the model's module tree
     against the allocator model (:func:`oomlab.reproduction.apply_walk.move_replica`: the simulated reproduction's
-    figures, without torch)."""
+    figures, without torch); a 4-bit base is quantized as it arrives (:func:`quantized_load`).  The host RAM per node
+    rides along (:func:`host_load`)."""
+    return replace(_gpu_load(setup, path, load_dtype_name), host=host_load(setup, path, load_dtype_name))
+
+
+def _gpu_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> LoadCheck:
     cap = setup.gpu.total_memory_bytes
     how = ROWS[path].how
     if path in (LoadPath.TRAINER_TO, LoadPath.ACCELERATE_TO, LoadPath.DEEPSPEED_TO):
@@ -156,12 +173,17 @@ def check_load(setup: TrainingSetup, path: LoadPath, load_dtype_name: str) -> Lo
             need = layer * size + outside
         return LoadCheck(path, need, cap, need <= cap, f"{how}: the shard and one unsharded layer, "
                          f"{format_size(need - outside)}")
+    if path is LoadPath.QUANTIZED and not (setup.strategy.fsdp or setup.strategy.zero_stage == 3):
+        q = quantized_load(setup, load_dtype_name, outside)
+        return LoadCheck(path, q.total_bytes, cap, q.total_bytes <= cap, f"{how}: {q.text(load_dtype_name)}")
     return LoadCheck(path, None, cap, True, f"{how}: not checked at load (the step decides)")
 
 
 def _phase(load: LoadCheck, budget: BudgetResult, host_ram_bytes: int) -> tuple[FailsAt | None, Phase | None]:
     if not load.fits:
         return FailsAt.LOAD, None
+    if load.host_per_node_bytes > host_ram_bytes:
+        return FailsAt.LOAD_HOST_RAM, None
     if not budget.fits:
         return FailsAt.STEP, budget.peak_phase
     if budget.host_ram_bytes > host_ram_bytes:

@@ -27,6 +27,10 @@ def verdict(result: CheckResult, text: Callable[[str], str] = str) -> str:
     if result.fails_at is FailsAt.LOAD:
         return (f"{where} fails while loading, before the first step: {ROWS[result.load.path].short} needs "
                 f"{format_size(result.load.per_gpu_bytes or 0)} per GPU of {cap}.")
+    if result.fails_at is FailsAt.LOAD_HOST_RAM:
+        return (f"{where} fails while loading, before the first step, on the host: its processes need "
+                f"{format_size(result.load.host_per_node_bytes)} of host RAM per node, "
+                f"{format_size(result.host_ram_bytes)} there ({result.load.host.detail}).")
     if result.fails_at is FailsAt.STEP:
         return (f"{where} loads, then fails in the training step's {plain(result.phase)} phase: "
                 f"{format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap}.")
@@ -79,7 +83,8 @@ def render_check(result: CheckResult) -> str:
     lines += [f"  {name:<14} {value:<28} {origin}" for name, value, origin in setup_rows(result.launch)]
     if result.message is not None:
         lines += ["", f"the message: {result.message.sentence}"]
-    lines += ["", f"load: {result.load.detail}", "", "per GPU:"]
+    host = f"; host RAM {result.load.host.detail}" if result.load.host is not None else ""
+    lines += ["", f"load: {result.load.detail}{host}", "", "per GPU:"]
     lines += [f"  {label:<36} {value:>12}" for label, value in per_gpu_rows(result)]
     fix = result.smallest_fix
     if result.decision.verdict.tight or result.decision.tight:

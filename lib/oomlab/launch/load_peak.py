@@ -5,7 +5,7 @@ each GPU's peak while a bitsandbytes 4-bit base is quantized as it arrives, and 
   config.json ``torch_dtype`` (:attr:`~oomlab.core.versions.Fact.LOAD_DTYPE_AUTO`); 4.x without ``torch_dtype``
   builds and loads the model in float32, except under bitsandbytes, whose quantizer sets float16.
 - **The 4-bit load** (:func:`quantized_load`): ``Params4bit.to`` quantizes a weight as it moves to the GPU
-  (bitsandbytes 0.50.2 nn/modules.py:424-427 ``to`` -> ``_quantize``:381-395: ``w = self.data.contiguous().to(device)``
+  (bitsandbytes 0.50.2 nn/modules.py:424-428 ``to`` -> ``_quantize``:381-395: ``w = self.data.contiguous().to(device)``
   then ``quantize_4bit``), and from_pretrained places tensor by tensor (a device_map, low_cpu_mem_usage forced for
   4-bit): the GPU holds the 4-bit weights placed so far, the unquantized ones in the load dtype, and one weight's
   load-dtype copy with its fp32 absmax while it is quantized -- the largest such weight is the transient.

@@ -326,7 +326,8 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
               "lora_targets": fields["lora_targets"].value}
     precision = fields["precision"].value
     versions = inputs.versions if inputs.versions is not None else installed_versions()
-    if "load_dtype" not in fields:  # nothing names it: from_pretrained's default at the user's transformers release
+    release_default = "load_dtype" not in fields
+    if release_default:  # nothing names it: from_pretrained's default at the user's transformers release
         fields["load_dtype"] = default_load_dtype(spec, precision, versions, method.value is Method.QLORA)
     settings = None
     if kind == "DEEPSPEED":
@@ -354,7 +355,8 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     kind = given_trainer or (framework.trainer if framework is not None else trainer_default(cmd is not None))
     reference = framework.reference if framework is not None and framework.reference is not None else \
         Sourced(Reference.DEFAULT, default_origin("the trainer", "its reference model as its config defaults it"))
-    trained, refused = trained_precision(fields["precision"], fields.get("load_dtype"), strategy, method.value)
+    trained, refused = trained_precision(fields["precision"], fields.get("load_dtype"), strategy, method.value,
+                                         release_default)
     if trained is not fields["precision"]:  # half-loaded weights under DDP train in half
         fields["precision"], precision = trained, trained.value
         unmodelled += [refused] if refused is not None else []
