@@ -25,8 +25,9 @@ def trained_precision(precision: Sourced, load_dtype: Sourced | None, strategy: 
     """The precision full fine-tuning trains in under ``strategy``: pure half where the launch itself loads the
     weights in half -- a file or flag says so, or transformers 5's default ``dtype='auto'`` loads the checkpoint's
     half ``torch_dtype`` (:attr:`~oomlab.core.versions.Fact.LOAD_DTYPE_AUTO`; the Trainer then trains those weights as
-    they are: transformers 5.24 trainer.py casts no parameter, accelerate upcasts only for FSDP, accelerator.py:
-    1997-2037; ``release_default``: the load dtype is that release default, not an assumption or a framework's);
+    they are: transformers 5.24 trainer.py casts the model only for full-half eval (:2950-2953), accelerate upcasts
+    only for FSDP, accelerator.py:1997-2037; ``release_default``: the load dtype is that release default, not an
+    assumption or a framework's);
     an assumed load dtype changes nothing -- and nothing makes an fp32 master, its origin saying why; and, for fp16,
     the refusal the run meets at its first step."""
     if (method is not Method.FULL or strategy not in (Strategy.DDP, Strategy.SINGLE) or precision.value not in _MIXED
