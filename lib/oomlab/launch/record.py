@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from oomlab.budget.deepspeed_config import DeepSpeedSettings, OptimizerSource
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
+from oomlab.core.choices import Attention, Loss, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ModelSpec, known_models, load_model, model_from_config
@@ -27,7 +27,7 @@ from oomlab.launch.read import UserLaunch
 RECORD_VERSION = 1
 SETUP_RECORD_NAME = "setup.json"  # under the run's results/
 _CHOICES = {"strategy": Strategy, "method": Method, "precision": Precision, "optimizer": Optimizer,
-            "attention": Attention, "trainer": Trainer, "reference": Reference}
+            "attention": Attention, "trainer": Trainer, "reference": Reference, "loss": Loss}
 _FIELD_KINDS: dict[str, Any] = {**_CHOICES, "launcher": Launcher}
 
 
@@ -58,7 +58,7 @@ def setup_of(record: dict[str, Any]) -> TrainingSetup:
     return validate(TrainingSetup(
         model=_model_of(record["model"]), gpu=load_gpu(record["gpu"]), gpus=record["gpus"], nodes=record["nodes"],
         **{name: choice(kind, record.get(name, kind.__members__[next(iter(kind.__members__))].value), name)
-           for name, kind in _CHOICES.items()},  # a record written before trainer / reference: their first member
+           for name, kind in _CHOICES.items()},  # a record from before trainer, reference, loss: their first
         batch=record["batch"], seq=record["seq"], checkpointing=record["checkpointing"],
         lora_rank=record["lora_rank"], lora_alpha=record["lora_alpha"], lora_targets=tuple(record["lora_targets"]),
         versions=versions_from(record.get("versions", {}))))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from oomlab.budget.deepspeed_config import OFFLOAD_PARAM_IGNORED, ignored_offload_param, read_deepspeed_config
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Reference, Strategy, plain
+from oomlab.core.choices import Attention, Loss, Method, Optimizer, Precision, Reference, Strategy, plain
 from oomlab.core.defaults import DEFAULT_LORA_TARGETS
 from oomlab.core.errors import InvalidValueError, LaunchConflictError, LaunchFileError, UnknownNameError
 from oomlab.core.gpus import load_gpu
@@ -27,6 +27,7 @@ from oomlab.launch.framework_read import read_framework
 from oomlab.launch.given import given_claims, trainer_default
 from oomlab.launch.llamafactory import VERSION as LLAMAFACTORY
 from oomlab.launch.load_peak import default_load_dtype
+from oomlab.launch.memory_flags import memory_flags
 from oomlab.launch.nodes import hostfile_path, read_hostfile, slurm_claims
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, assumed, default_origin, file_origin, flag_origin
 from oomlab.launch.read import (
@@ -257,6 +258,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
             acc = read_yaml(_from_command(inputs, cmd.option("--config_file")[1]), "the launch command's --config_file")
         files.append(acc.path)
         refs.update(accelerate_refs(claims, acc))
+        memory_flags(claims, file_lookup(acc))  # accelerate's parallelism_config: context parallelism refused
         unmodelled += _unmodelled_leaves(acc, K.ACCELERATE_KEYS, K.ACCELERATE_HARMLESS)
     if cmd is not None:
         refs.update(launcher_refs(claims, cmd))
@@ -273,6 +275,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
             base_dirs += [Path(f).parent for f in framework.files]
             trainer = True
         else:
+            unmodelled += memory_flags(claims, flag_lookup(cmd))  # the loss kernel; refused settings
             training_refs.update(training_claims(claims, flag_lookup(cmd), is_json=False))
             script_claims(claims, cmd, inputs.command_dir)  # what the script's own source defaults
             trainer = any(f"--{k}" in {f for f, _ in cmd.flags} for k in ("per_device_train_batch_size",
@@ -284,6 +287,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         files.append(ta.path)
         base_dirs.insert(0, Path(ta.path).parent)
         trainer = True
+        unmodelled += memory_flags(claims, file_lookup(ta))
         for key, value in training_claims(claims, file_lookup(ta), is_json=True).items():
             training_refs.setdefault(key, value)
         unmodelled += _unmodelled_leaves(ta, K.TRAINING_KEYS)
@@ -361,7 +365,8 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         fields["precision"], precision = trained, trained.value
         unmodelled += [refused] if refused is not None else []
     setup = make_setup(strategy=strategy, precision=precision, optimizer=fields["optimizer"].value,
-                       trainer=kind.value, reference=reference.value, versions=versions, **common)
+                       trainer=kind.value, reference=reference.value, versions=versions,
+                       loss=fields["loss"].value, **common)
     zero3 = _zero3_init(refs, trainer)
     fields.update({"model": Sourced(spec.name, model_origin), "strategy": Sourced(strategy, strategy_origin),
                    "method": method, "zero3_init": zero3, "trainer": kind, "reference": reference,
@@ -376,8 +381,8 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
 
 
 SETUP_ORDER = ("model", "gpus", "nodes", "strategy", "trainer", "reference", "method", "precision", "optimizer",
-               "batch", "accumulation", "seq", "checkpointing", "attention", "lora_rank", "lora_alpha", "lora_targets",
-               "load_dtype", "zero3_init")
+               "batch", "accumulation", "seq", "checkpointing", "attention", "loss", "lora_rank", "lora_alpha",
+               "lora_targets", "load_dtype", "zero3_init")
 # the launchers that start a process per visible GPU unless told how many, and whose default that is
 PER_VISIBLE_GPU = {Launcher.ACCELERATE: K.ACCELERATE, Launcher.DEEPSPEED: K.DEEPSPEED,
                    Launcher.LLAMAFACTORY: LLAMAFACTORY, Launcher.AXOLOTL: AXOLOTL, Launcher.TRL: TRL}
@@ -471,6 +476,8 @@ def _defaults(claims: Claims, trainer: bool, spec: ModelSpec) -> None:
     _library_default(claims, "attention", Attention.SDPA, default_origin(t, "attn_implementation='sdpa' where "
                                                                           "torch has it"))
     _library_default(claims, "method", Method.FULL, default_origin(t, "no adapter: every parameter trains"))
+    _library_default(claims, "loss", Loss.STANDARD, default_origin(t, "use_liger_kernel=False: the loss over the "
+                                                                      "(tokens x vocab) logits"))
     _library_default(claims, "lora_rank", 8, default_origin(K.PEFT, "LoraConfig r=8"))
     _library_default(claims, "lora_alpha", 8, default_origin(K.PEFT, "LoraConfig lora_alpha=8"))
 
