@@ -91,3 +91,14 @@ def test_eight_processes_loading_13b_fp32_exceed_a_256_gib_node(tmp_path: Path) 
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
     zero3 = _check("llama-13b", "a100-80gb", OLD, n=8, host_ram="256GiB", extra=" --deepspeed ds.json", where=tmp_path)
     assert zero3.load.path is LoadPath.ZERO_INIT and zero3.load.host_per_node_bytes < 256 * 2**30
+
+
+def test_fsdp_loads_once_per_node_as_the_step_budget_says() -> None:
+    """FSDP (cpu_ram_efficient_loading, as the step's host figure assumes): one process per node reads the model;
+    a 4-bit base loads on every rank (transformers and accelerate skip the rank-0 path for quantized models)."""
+    r = _check("llama-13b", "a100-80gb", OLD, n=8, extra=" --fsdp 'full_shard auto_wrap'")
+    assert r.load.path is LoadPath.FSDP2_SHARDS and r.load.host.processes == 1
+    n = load_model("llama-13b").num_parameters
+    assert r.load.host_per_node_bytes == 4 * n + SHARD_BYTES
+    q = _check("llama-13b", "a100-80gb", OLD, n=8, extra=" --fsdp 'full_shard auto_wrap' --use_peft --load_in_4bit")
+    assert q.load.host.processes == 8 and q.load.per_gpu_bytes is None  # sharded 4-bit: the step decides

@@ -308,10 +308,12 @@ def smallest_fix(launch: UserLaunch, decision: Decision, files: tuple[ChangedFil
 
 def decide(launch: UserLaunch, host_ram_bytes: int) -> Decision:
     """The one decision procedure on the user's launch: the ladder, each rung's launch also walked through its load
-    path (a rung that cannot get the weights onto the GPUs does not fit)."""
+    path (a rung that cannot get the weights onto the GPUs, or whose processes' load exceeds the node's host RAM, does
+    not fit)."""
     def loads(setup: TrainingSetup) -> bool:
         path = load_path_of(setup, hf_trainer=launch.hf_trainer, zero3_init=launch.zero3_init or setup != launch.setup)
-        return check_load(setup, path, launch.load_dtype).fits
+        load = check_load(setup, path, launch.load_dtype)
+        return load.fits and load.host_per_node_bytes <= host_ram_bytes
 
     return climb(launch.setup, Evaluator(host_ram_bytes, None), loads)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oomlab.budget.analytic import loads_once_per_node
 from oomlab.budget.states import (
     NF4_DQ_BITS,
     experts_quantized,
@@ -141,7 +142,9 @@ def host_load(setup: TrainingSetup, path: LoadPath, dtype: str) -> HostLoad:
     on the GPU; a 1/world partition under ``zero.Init``) plus the checkpoint it holds while reading -- one shard
     tensor where from_pretrained streams, else a full state dict of a shard (in the checkpoint's dtype) beside a
     full-size model built first.
-    NB: FSDP is taken without accelerate's cpu_ram_efficient_loading (its default; with it only rank 0 loads)."""
+    FSDP loads once per node where the step's budget says so (:func:`oomlab.budget.analytic.loads_once_per_node`:
+    cpu_ram_efficient_loading, not for a 4-bit base).  Beside the step's host figure (each loading process's replica
+    in the step's weight dtype) this one is the load's own: the load dtype and the checkpoint being read."""
     spec = setup.model
     n = spec.num_parameters
     size = load_dtype(dtype).itemsize
@@ -162,7 +165,7 @@ def host_load(setup: TrainingSetup, path: LoadPath, dtype: str) -> HostLoad:
     else:
         held, read = shard, "a full state dict of each shard beside a model built at full size"
     per_process = model + held
-    processes = setup.gpus if setup.world_size > 1 else 1
+    processes = 1 if setup.world_size == 1 or loads_once_per_node(setup) else setup.gpus
     detail = (f"{format_size(per_process)} per process ({what}, plus {format_size(held)} of checkpoint: {read}, "
               f"{label}) × {processes} process{'es' if processes > 1 else ''} per node")
     return HostLoad(per_process, processes, detail)
