@@ -118,8 +118,8 @@ def memory_flags(claims: Claims, look: Lookup, framework: str = "transformers") 
 def _liger(claims: Claims, look: Lookup, framework: str) -> None:
     key = "enable_liger_kernel" if framework == "llamafactory" else "use_liger_kernel"
     hits = [look(k) for k in dict.fromkeys((key, "use_liger_kernel"))]
-    hit = next((h for h in hits if h[0] and h[1] is not None), None)
-    if hit is None or not _on(hit[1]):
+    hit = next((h for h in hits if h[0]), None)
+    if hit is None or not (hit[1] is None or _on(hit[1])):  # a bare --use_liger_kernel is on
         if hit is not None:
             claims.say("loss", Loss.STANDARD, hit[2])
         return
