@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16-mixed")
     args = parser.parse_args()
     for name in args.models:
-        setup = make_setup(model=name, gpu="a100-80gb", seq=2048, batch=1, precision=args.precision)
+        setup = make_setup(gpus=1, model=name, gpu="a100-80gb", seq=2048, batch=1, precision=args.precision)
         probe = act.probe(setup)
         one, trace = _median(lambda probe=probe, setup=setup: trace_layers(setup.model, probe, use_cache=False),
                              args.repeat)

@@ -223,8 +223,8 @@ def test_largest_micro_batch_is_the_boundary(changes) -> None:
 
 def test_largest_micro_batch_none_and_limit() -> None:
     """None when micro-batch 1 does not fit; the search limit when even that fits."""
-    assert largest_micro_batch(make_setup(model="llama-65b", gpu="t4")) is None
-    tiny = make_setup(model="llama-7b", gpu="h200", method="qlora", seq=16, checkpointing=True)
+    assert largest_micro_batch(make_setup(gpus=1, model="llama-65b", gpu="t4")) is None
+    tiny = make_setup(gpus=1, model="llama-7b", gpu="h200", method="qlora", seq=16, checkpointing=True)
     assert largest_micro_batch(tiny, limit=8) == 8
 
 
@@ -349,7 +349,8 @@ def test_the_default_lora_targets_mean_the_familys_attention() -> None:
     """LLaMA's default names on Phi-3 select Phi-3's attention projections, the same setup make_setup builds."""
     explorer = build_explorer(model="phi-3-mini-4k", gpu="a100-80gb", gpus=1, strategy="single", method="lora")
     assert explorer.controls["lora_targets"].value == ("qkv_proj", "o_proj")
-    assert explorer.exploration.result.setup == make_setup(model="phi-3-mini-4k", gpu="a100-80gb", method="lora")
+    assert explorer.exploration.result.setup == make_setup(gpus=1, model="phi-3-mini-4k", gpu="a100-80gb",
+                                                           method="lora")
 
 
 def test_an_unknown_lora_target_is_refused_with_the_models_names() -> None:

@@ -30,14 +30,14 @@ def _optimizer_step(setup) -> dict[MemCategory, int]:
 def test_zero_paper_16_bytes_per_parameter() -> None:
     """ZeRO-style mixed-precision Adam on one GPU, as estimate() holds it in the step: 2 + 2 + 4 + 8 = 16 bytes per
     parameter (and the rotary buffers DeepSpeed leaves in fp32)."""
-    s = make_setup(model="llama-13b", gpu="a100-80gb", strategy="zero2", precision="fp16-mixed")
+    s = make_setup(gpus=1, model="llama-13b", gpu="a100-80gb", strategy="zero2", precision="fp16-mixed")
     step = _optimizer_step(s)
     assert [step[c] for c in STATES] == [2 * N13 + ROTARY, 2 * N13, 4 * N13, 8 * N13]
 
 
 def test_torch_autocast_keeps_fp32_weights() -> None:
     """torch autocast: fp32 weights and gradients, 8 bytes of Adam state; no separate master copy."""
-    s = make_setup(model="llama-13b", gpu="a100-80gb", precision="fp16-mixed")
+    s = make_setup(gpus=1, model="llama-13b", gpu="a100-80gb", precision="fp16-mixed")
     assert (weights_on_gpu(s), gradients_on_gpu(s), optimizer_on_gpu(s)) == (4 * N13, 4 * N13, 8 * N13)
     step = _optimizer_step(s)
     assert [step.get(c, 0) for c in STATES] == [4 * N13, 4 * N13, 0, 8 * N13]
@@ -89,7 +89,7 @@ def test_fsdp_against_deepspeed_zero3() -> None:
 def test_qlora_weights_at_4127_bits() -> None:
     """QLoRA: NF4 with double quantization, 4.127 bits per quantized weight; the rest in half where peft does not
     upcast it (before peft 0.4.0's prepare_model_for_kbit_training; the upcast: tests/budget/test_qlora_upcast.py)."""
-    s = make_setup(model="llama-7b", gpu="t4", method="qlora", lora_targets="q_proj,v_proj",
+    s = make_setup(gpus=1, model="llama-7b", gpu="t4", method="qlora", lora_targets="q_proj,v_proj",
                    versions={"peft": "0.3.0"})
     quantized = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
     assert weight_bytes_total(s) == round(quantized * 4.127 / 8) + 2 * (6_738_415_616 - quantized) + 4 * 4_194_304
@@ -101,12 +101,12 @@ def test_qlora_weights_at_4127_bits() -> None:
 )
 def test_lora_parameter_count_llama_7b(targets: str, count: int) -> None:
     """r=8 adapters on llama-7b count what peft reports."""
-    assert lora_parameters(make_setup(model="llama-7b", gpu="t4", method="lora", lora_targets=targets)) == count
+    assert lora_parameters(make_setup(gpus=1, model="llama-7b", gpu="t4", method="lora", lora_targets=targets)) == count
 
 
 def test_gqa_lora_counts_narrow_kv() -> None:
     """With 8 KV heads, k/v adapters of llama-2-70b are r * (8192 + 1024)."""
-    s = make_setup(model="llama-2-70b", gpu="h100-80gb", method="lora", lora_targets="k_proj", lora_rank=16)
+    s = make_setup(gpus=1, model="llama-2-70b", gpu="h100-80gb", method="lora", lora_targets="k_proj", lora_rank=16)
     assert lora_parameters(s) == 80 * 16 * (8192 + 1024)
 
 
@@ -194,7 +194,7 @@ def test_qlora_dequantized_weight_inside_a_layer_backward() -> None:
     from oomlab.budget import workspace
     from oomlab.budget.step import tiny_setup
 
-    big = make_setup(model="llama-13b", gpu="a100-80gb", method="qlora", precision="bf16-mixed", seq=2048,
+    big = make_setup(gpus=1, model="llama-13b", gpu="a100-80gb", method="qlora", precision="bf16-mixed", seq=2048,
                      checkpointing=True, versions={"peft": "0.3.0"})  # no fp32 head copy held at backward's start
     spec = big.model
     tmp = workspace.recompute_gradient_bytes(big)

@@ -60,7 +60,7 @@ def test_variant_labels_carry_no_marker(gpus: int, method: str, strategy: str | 
 
 def test_outside_note_is_typed() -> None:
     """The budget says where its outside-PyTorch figure comes from as a field; its note is the one function's."""
-    setup = make_setup(model="llama-2-7b", gpu="a10g")
+    setup = make_setup(gpus=1, model="llama-2-7b", gpu="a10g")
     shipped = estimate_setup(setup)
     assert shipped.outside_source and shipped.outside_note in shipped.notes and ALLOCATOR_NOTE in shipped.notes
     assert shipped.outside_note.endswith(f" -- {shipped.outside_source}")

@@ -105,14 +105,14 @@ def test_hand_derived_llama_equals_traced(model: str, knobs: dict) -> None:
 
 def test_traced_families_use_the_trace() -> None:
     """Families without a hand-derived inventory budget their activations from the one-layer trace."""
-    setup = make_setup(model="phi-2", gpu="a100-80gb", seq=512, batch=2, precision="bf16")
+    setup = make_setup(gpus=1, model="phi-2", gpu="a100-80gb", seq=512, batch=2, precision="bf16")
     assert not act.hand_derived(setup)
     trace = act.layer_trace(setup)
     assert act.saved_activation_bytes(setup) == (trace.first.at(2, 512, fixed=False) + trace.later_layers(2, 512)
                                                  + trace.shared.at(2, 512) + trace.outside.at(2, 512, fixed=False))
     # Mistral beyond its 4,096-token window materialises a sliding-window mask: traced, not hand-derived
-    assert act.hand_derived(make_setup(model="mistral-7b", gpu="a100-80gb", seq=4095))
-    assert not act.hand_derived(make_setup(model="mistral-7b", gpu="a100-80gb", seq=4096))
+    assert act.hand_derived(make_setup(gpus=1, model="mistral-7b", gpu="a100-80gb", seq=4095))
+    assert not act.hand_derived(make_setup(gpus=1, model="mistral-7b", gpu="a100-80gb", seq=4096))
 
 
 def test_polynomial_fit_is_exact() -> None:
@@ -162,7 +162,7 @@ def test_trace_is_cached_on_disk(tmp_path, monkeypatch) -> None:
     """A trace is written under the cache directory, named by its key, and read back instead of re-tracing."""
     monkeypatch.setenv("OOMLAB_CACHE_DIR", str(tmp_path))
     spec = model_from_config({**dict(tiny_setup(family=Family.OLMO2).model.config), "vocab_size": 520}, "olmo-v520")
-    setup = make_setup(model=spec, gpu="a100-80gb", seq=64, batch=2)
+    setup = make_setup(gpus=1, model=spec, gpu="a100-80gb", seq=64, batch=2)
     probe = act.probe(setup)
     first = lt.trace_layers(spec, probe)
     path = tmp_path / f"layers-{lt.cache_key(spec, probe)}.json"

@@ -91,7 +91,7 @@ def test_old_bitsandbytes_keeps_each_4bit_input(versions: dict, per_token: int) 
 def test_moe_experts_by_transformers_version() -> None:
     """Mixtral's experts: nn.Linear quantized to 4 bits in transformers 4.x, 3-D half parameters in 5.x."""
     v4 = make_setup("mixtral-8x7b", gpu="a100-80gb", method="qlora", precision="bf16-mixed",
-                    versions={"transformers": "4.46.0", **NO_UPCAST})
+                    versions={"transformers": "4.46.0", **NO_UPCAST}, gpus=1)
     v5 = v4.with_(versions={"transformers": "5.0.0", **NO_UPCAST})
     experts = 32 * 8 * 3 * 4096 * 14336  # layers x experts x (w1, w2, w3) x h x i
     assert states.quantized_parameters(v4) - states.quantized_parameters(v5) == experts
@@ -111,7 +111,7 @@ def test_moe_experts_by_transformers_version() -> None:
 ])
 def test_logits_at_the_loss_by_transformers_version(transformers: str, half: int, fp32_copies: int) -> None:
     s = make_setup("llama-7b", gpu="a100-80gb", precision="bf16-mixed", seq=512,
-                   versions={"transformers": transformers})
+                   versions={"transformers": transformers}, gpus=1)
     tv = 512 * V
     assert logits_at_loss(s, 2 * tv, 4 * tv) == (half * tv, fp32_copies * 4 * tv)
 
@@ -144,5 +144,5 @@ def test_experts_stored_3d_in_every_release_are_never_quantized(model: str) -> N
     from oomlab.budget.states import experts_quantized
 
     old = {"transformers": "4.45.0"}
-    assert not experts_quantized(make_setup(model=model, gpu="a100-80gb", method="qlora", versions=old))
-    assert experts_quantized(make_setup(model="mixtral-8x7b", gpu="a100-80gb", method="qlora", versions=old))
+    assert not experts_quantized(make_setup(model=model, gpu="a100-80gb", method="qlora", versions=old, gpus=1))
+    assert experts_quantized(make_setup(model="mixtral-8x7b", gpu="a100-80gb", method="qlora", versions=old, gpus=1))

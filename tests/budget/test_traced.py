@@ -146,13 +146,13 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     os.utime(files[0], (0, 0))
     assert trace_step(setup, use_cache=False).peak_bytes == first.peak_bytes
     assert traced.cache_key(setup) != traced.cache_key(setup.with_(seq=64))
-    assert traced.cache_key(setup) == traced.cache_key(setup.with_(gpu=make_setup(gpu="h100-80gb").gpu))
+    assert traced.cache_key(setup) == traced.cache_key(setup.with_(gpu=make_setup(gpus=1, gpu="h100-80gb").gpu))
 
 
 @pytest.mark.heavy
 def test_full_size_smoke():
     """llama-7b, full fp16-mixed AdamW, seq 512, batch 1 traces in well under a minute, peaking in the optimizer."""
-    setup = make_setup(model="llama-7b", gpu="a100-80gb", seq=512, batch=1)
+    setup = make_setup(gpus=1, model="llama-7b", gpu="a100-80gb", seq=512, batch=1)
     start = time.perf_counter()
     result = trace_step(setup, use_cache=False)
     assert time.perf_counter() - start < 60

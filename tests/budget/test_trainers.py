@@ -66,7 +66,7 @@ def test_lora_dpo_has_no_second_weight_copy() -> None:
 
 
 def test_reference_is_sharded_as_trl_prepares_it() -> None:
-    n = make_setup(model="llama-7b").model.num_parameters
+    n = make_setup(gpus=1, model="llama-7b").model.num_parameters
     assert frozen_copy_bytes(_setup(trainer="dpo", gpus=4, strategy="zero3")) == 2 * n // 4  # partitioned, half
     assert frozen_copy_bytes(_setup(trainer="dpo", gpus=4, strategy="zero2")) == 2 * n  # stage 0: a half replica
     assert frozen_copy_bytes(_setup(trainer="dpo", gpus=4, strategy="fsdp")) == 4 * n // 4
@@ -99,7 +99,7 @@ def test_fused_head_replaces_the_logits() -> None:
 
 def test_ppo_holds_four_models() -> None:
     sft, ppo = trainer_estimate(_setup()), trainer_estimate(_setup(trainer="ppo"))
-    n = make_setup(model="llama-7b").model.num_parameters
+    n = make_setup(gpus=1, model="llama-7b").model.num_parameters
     assert ppo.phases[Phase.OPTIMIZER][MemCategory.WEIGHTS] == sft.phases[Phase.OPTIMIZER][MemCategory.WEIGHTS] \
         + 2 * 4 * n  # reference and reward, frozen fp32 copies
     assert ppo.phases[Phase.OPTIMIZER][MemCategory.GRADIENTS] == 2 * sft.phases[Phase.OPTIMIZER][MemCategory.GRADIENTS]

@@ -268,9 +268,10 @@ def test_unsupported_configs_are_refused(tmp_path, raw: dict, message: str) -> N
 )
 def test_lora_targets_per_family(name: str, default: tuple, all_linear: tuple) -> None:
     """LoRA's default means the family's attention projections; all-linear every nn.Linear but lm_head (peft)."""
-    setup = make_setup(model=name, gpu="a100-80gb", method="lora")
+    setup = make_setup(gpus=1, model=name, gpu="a100-80gb", method="lora")
     assert setup.lora_targets == default
-    assert make_setup(model=name, gpu="a100-80gb", method="lora", lora_targets=ALL_LINEAR).lora_targets == all_linear
+    every = make_setup(gpus=1, model=name, gpu="a100-80gb", method="lora", lora_targets=ALL_LINEAR)
+    assert every.lora_targets == all_linear
 
 
 def test_unknown_lora_target_lists_the_models_own() -> None:
@@ -278,7 +279,7 @@ def test_unknown_lora_target_lists_the_models_own() -> None:
     with pytest.raises(UnknownNameError, match=r"^unknown LoRA target module 'q_proj'; known: all-linear, dense, "
                                                r"dense_4h_to_h, dense_h_to_4h, query_key_value \(the nn\.Linear "
                                                r"modules of gpt-neox-20b's gpt_neox layers\)$"):
-        make_setup(model="gpt-neox-20b", gpu="a100-80gb", method="lora", lora_targets="q_proj,v_proj")
+        make_setup(gpus=1, model="gpt-neox-20b", gpu="a100-80gb", method="lora", lora_targets="q_proj,v_proj")
 
 
 def test_lora_adapter_count_per_family() -> None:
@@ -286,7 +287,7 @@ def test_lora_adapter_count_per_family() -> None:
     from peft import LoraConfig, get_peft_model
 
     for name in ("phi-2", "gpt-neox-20b", "qwen1.5-moe-a2.7b"):
-        setup = make_setup(model=name, gpu="a100-80gb", method="lora", lora_targets=ALL_LINEAR, lora_rank=4)
+        setup = make_setup(gpus=1, model=name, gpu="a100-80gb", method="lora", lora_targets=ALL_LINEAR, lora_rank=4)
         model = get_peft_model(build_meta_model(setup.model, load_dtype("bf16")),
                                LoraConfig(r=4, target_modules=list(setup.lora_targets)))
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -297,7 +298,7 @@ def test_gemma2_runs_eager_attention() -> None:
     """Gemma-2 has no SDPA in transformers (it cannot soft-cap): its setups run eager; building sdpa is refused."""
     spec = load_model("gemma-2-9b")
     assert spec.attention_implementations() == ("eager",)
-    assert make_setup(model="gemma-2-9b", gpu="a100-80gb").attention.value == "eager"
+    assert make_setup(gpus=1, model="gemma-2-9b", gpu="a100-80gb").attention.value == "eager"
     with pytest.raises(InvalidValueError, match=r"cannot run attention 'sdpa': transformers supports only 'eager' "
                                                 r"for it \(SDPA cannot soft-cap attention logits\)"):
         spec.check_attention("sdpa")

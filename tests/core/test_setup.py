@@ -22,7 +22,7 @@ def test_llama_13b_hidden_size() -> None:
 def test_rank_above_the_hidden_size_is_refused(method: str) -> None:
     """Rank 5121 on a 5120-wide model is refused, naming the rank, the hidden size and the accepted range."""
     with pytest.raises(InvalidValueError) as err:
-        make_setup("llama-13b", "t4", method=method, lora_rank=HIDDEN_13B + 1)
+        make_setup("llama-13b", "t4", method=method, lora_rank=HIDDEN_13B + 1, gpus=1)
     assert str(err.value) == (
         f"invalid LoRA rank {HIDDEN_13B + 1}; llama-13b has hidden size {HIDDEN_13B}: use a rank from 1 to "
         f"{HIDDEN_13B} (a larger rank adds more parameters than the full weight matrix it adapts)")
@@ -30,12 +30,12 @@ def test_rank_above_the_hidden_size_is_refused(method: str) -> None:
 
 @pytest.mark.parametrize("rank", [1, 8, HIDDEN_13B])  # the hidden size itself is the largest accepted
 def test_rank_up_to_the_hidden_size_is_accepted(rank: int) -> None:
-    assert make_setup("llama-13b", "t4", method="lora", lora_rank=rank).lora_rank == rank
+    assert make_setup("llama-13b", "t4", method="lora", lora_rank=rank, gpus=1).lora_rank == rank
 
 
 def test_rank_zero_is_refused() -> None:
     with pytest.raises(InvalidValueError, match="invalid LoRA rank 0; must be >= 1"):
-        make_setup("llama-13b", "t4", method="lora", lora_rank=0)
+        make_setup("llama-13b", "t4", method="lora", lora_rank=0, gpus=1)
 
 
 @pytest.mark.parametrize("command", [["budget", "--method", "lora"], ["plan"]])

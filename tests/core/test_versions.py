@@ -86,7 +86,7 @@ def test_mapping_and_default() -> None:
     """estimate(versions={...}) pins through a mapping; nothing given is the installed releases."""
     assert versions_from({"transformers": "4.48.1"}).release("transformers") == (4, 48, 1)
     assert versions_from(None) is installed_versions()
-    assert make_setup("llama-2-7b").versions == installed_versions()
+    assert make_setup("llama-2-7b", gpus=1).versions == installed_versions()
     with pytest.raises(InvalidValueError, match="invalid version 4.48 for transformers in versions"):
         versions_from({"transformers": 4.48})
 
@@ -139,7 +139,7 @@ def test_versions_travel_through_the_setup_record() -> None:
     """The runner's setup record keeps the user's pins (the notebooks budget the same releases)."""
     from oomlab.launch.record import setup_of, setup_record
 
-    s = make_setup("llama-2-7b", versions="transformers==4.31.0,bitsandbytes==0.41.1")
+    s = make_setup("llama-2-7b", versions="transformers==4.31.0,bitsandbytes==0.41.1", gpus=1)
     assert setup_of(setup_record(s)).versions == s.versions
 
 

@@ -148,7 +148,7 @@ def test_memoised_sizes_change_nothing() -> None:
 
 def test_flops_full_is_6n_plus_attention() -> None:
     """Full fine-tuning: 2N forward + 4N backward (+3 x attention); checkpointing adds the layers' forward."""
-    setup = make_setup(model="llama-13b", gpu="t4", seq=2048)
+    setup = make_setup(gpus=1, model="llama-13b", gpu="t4", seq=2048)
     n, attn = matmul_parameters(setup), attention_flops_per_token(setup)
     assert flops_per_token(setup).total == 6 * n + 3 * attn
     layers_n = n - 32000 * 5120

@@ -92,7 +92,7 @@ def bytes_per_parameter_rows(model: str = "llama-13b") -> list[list[str]]:
         for precision in Precision:
             for optimizer in Optimizer:
                 try:
-                    s = make_setup(model=model, gpu="h100-80gb", strategy=strategy, precision=precision.value,
+                    s = make_setup(gpus=1, model=model, gpu="h100-80gb", strategy=strategy, precision=precision.value,
                                    optimizer=optimizer.value)
                 except OomlabError:
                     continue

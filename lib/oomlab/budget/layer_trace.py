@@ -176,7 +176,7 @@ def probe_sizes(spec: ModelSpec, probe: Probe) -> tuple[tuple[int, int], ...]:
 def _model_and_layers(spec: ModelSpec, probe: Probe) -> tuple[Any, list[Any]]:
     method = "lora" if probe.lora_rank else "full"
     # precision only validates here: the dtypes are the probe's
-    setup = make_setup(model=spec, gpu="a100-80gb", method=method, precision="fp32", attention=probe.attention,
+    setup = make_setup(gpus=1, model=spec, gpu="a100-80gb", method=method, precision="fp32", attention=probe.attention,
                        lora_rank=probe.lora_rank or 8, lora_targets=probe.lora_targets or ("all-linear",), batch=1,
                        seq=2)
     model = build_model(setup, "meta", probe.dtypes)

@@ -142,6 +142,7 @@ def tiny_setup(model_config: Mapping[str, Any] | None = None, family: Family | s
     kw.setdefault("batch", 2)
     kw.setdefault("seq", 128)
     kw.setdefault("gpu", "a100-80gb")  # only for validation (bf16 support); traces do not depend on the GPU
+    kw.setdefault("gpus", 1)  # one process: what the CPU runs measure
     return make_setup(model=tiny_model(family, **dict(model_config or {})), **kw)
 
 

@@ -161,7 +161,7 @@ def _validate_deepspeed(setup: TrainingSetup) -> None:
 def make_setup(
     model: str | ModelSpec = DEFAULTS.model,
     gpu: str | GPUSpec = DEFAULTS.gpu,
-    gpus: int = 1,  # TODO(issue 21): DEFAULTS.gpus once every caller names its GPU count
+    gpus: int = DEFAULTS.gpus,
     nodes: int = DEFAULTS.nodes,
     strategy: str | Strategy | None = None,
     method: str | Method = DEFAULTS.method,

@@ -102,7 +102,7 @@ def traced_model(family: Family) -> ModelSpec:
 def traced_setup(family: Family, index: int) -> TrainingSetup:
     knobs = dict(TRACED_SETUPS[index][1])
     attention = "eager" if family in (Family.GEMMA2, Family.GPT_OSS) else "sdpa"  # no SDPA for Gemma-2, gpt-oss
-    return make_setup(model=traced_model(family), gpu=GPU, attention=attention, **knobs)
+    return make_setup(model=traced_model(family), gpu=GPU, attention=attention, **{"gpus": 1, **knobs})
 
 
 @dataclass(frozen=True)
