@@ -102,3 +102,17 @@ def test_fsdp_loads_once_per_node_as_the_step_budget_says() -> None:
     assert r.load.host_per_node_bytes == 4 * n + SHARD_BYTES
     q = _check("llama-13b", "a100-80gb", OLD, n=8, extra=" --fsdp 'full_shard auto_wrap' --use_peft --load_in_4bit")
     assert q.load.host.processes == 8 and q.load.per_gpu_bytes is None  # sharded 4-bit: the step decides
+
+
+def test_mixtral_qlora_load_follows_the_release() -> None:
+    """Mixtral-8x7B QLoRA on one H100 80 GB: transformers 4.46 quantizes every expert's nn.Linear as it loads (about
+    22 GiB of 4-bit weights, float16 from the bitsandbytes quantizer); 5.x stores the experts as 3-D parameters that
+    bitsandbytes leaves in the config's bfloat16 -- 84 GiB unquantized: the load itself does not fit."""
+    spec = load_model("mixtral-8x7b")
+    experts = sum(layout.expert_params for layout in spec.layer_layouts)
+    old = _check("mixtral-8x7b", "h100-80gb", OLD, extra=" --use_peft --load_in_4bit")
+    new = _check("mixtral-8x7b", "h100-80gb", NEW, extra=" --use_peft --load_in_4bit")
+    assert old.launch.load_dtype == "float16" and new.launch.load_dtype == "bfloat16"
+    assert old.load.fits and old.fails_at is not FailsAt.LOAD
+    assert not new.load.fits and new.fails_at is FailsAt.LOAD
+    assert new.load.per_gpu_bytes - old.load.per_gpu_bytes > 2 * experts - round(experts * 4.127 / 8) - 2**30
