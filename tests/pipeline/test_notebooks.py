@@ -92,3 +92,13 @@ def test_every_registry_parameter_is_declared_by_a_notebook() -> None:
     would be ignored silently."""
     declared = set().union(*(parameters_cell_names(p) for p in notebook_paths()))  # the ones run, not explore
     assert sorted(set(PARAMETERS) - declared) == []
+
+
+def test_papermill_parses_every_parameter_line() -> None:
+    """papermill's parser reads each line of every parameters cell (a comment holding '==' made it skip the line:
+    "Unable to parse line", the parameter then undeclared and never injected)."""
+    import papermill
+
+    for path in notebook_paths():
+        declared = set(papermill.inspect_notebook(str(path)))
+        assert parameters_cell_names(path) <= declared, (path.name, parameters_cell_names(path) - declared)
