@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from oomlab.budget.result import Phase
-from oomlab.core.choices import Method, Optimizer, Route, Strategy
+from oomlab.core.choices import Loss, Method, Optimizer, Route, Strategy
 from oomlab.core.models import load_model
 from oomlab.core.units import ceil_div
 from oomlab.launch.check import FailsAt, _how, check_launch
@@ -153,8 +153,9 @@ def test_the_verdict_counts_host_ram() -> None:
 
 
 def test_a_fit_inside_the_margin_names_what_costs_nothing() -> None:
-    """Qwen2.5-7B LoRA at 4 x 4096 on one RTX 4090: micro-batch 1 with checkpointing fits only inside the margin,
-    and check says what costs nothing there (the allocator setting), beside the ladder's fix."""
+    """Qwen2.5-7B LoRA at 4 x 4096 on one RTX 4090: Liger's fused loss with checkpointing at micro-batch 4 fits only
+    inside the margin (the 152k-word vocabulary's logits gone), and check says what costs nothing there (the
+    allocator setting), beside the ladder's fix."""
     from oomlab.launch.display import render_check
     from oomlab.launch.user import user_launch
     from oomlab.pipeline.params import PARAMETERS, parse_params
@@ -163,5 +164,6 @@ def test_a_fit_inside_the_margin_names_what_costs_nothing() -> None:
                                        "precision=bf16-mixed", "batch=4", "seq=4096"]),
                          {name: p.default for name, p in PARAMETERS.items()})
     r = check_launch(LaunchInputs(gpu="rtx-4090"), launch=launch)
-    assert r.decision.tight and r.decision.tight[-1].setup.batch == 1
+    assert r.decision.tight and r.decision.tight[-1].setup.batch == 4
+    assert r.decision.tight[-1].setup.loss is Loss.LIGER_FLCE and r.decision.tight[-1].setup.checkpointing
     assert "inside the margin: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in render_check(r)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from oomlab.core.choices import Method, Strategy
+from oomlab.core.choices import Loss, Method, Strategy
 from oomlab.core.prices import resolve_host_ram
 from oomlab.core.setup import make_setup
 from oomlab.remedies.ladder import KIND, Kind, Rung, climb
@@ -56,20 +56,20 @@ def test_micro_batch_down_keeps_the_global_batch() -> None:
 
 
 def test_a_searched_rung_does_not_pay_for_a_dropped_change() -> None:
-    """Qwen2.5-7B LoRA on one RTX 4090 at 4 x 4096: checkpointing and micro-batch 1 stay in the fix whatever the
-    last rung is (a shorter sequence instead of them would change the data more)."""
+    """Qwen2.5-7B LoRA on one RTX 4090 at 4 x 4096: Liger's fused loss, checkpointing and micro-batch 2 stay in the
+    fix whatever the last rung is (a shorter sequence instead of them would change the data more)."""
     fix = _fix(model="qwen2.5-7b", gpu="rtx-4090", gpus=1, method="lora", precision="bf16-mixed", batch=4,
                seq=4096)
     rungs = [s.rung for s in fix.steps]
-    assert Rung.CHECKPOINTING in rungs and Rung.MICRO_BATCH in rungs
-    assert fix.setup.batch == 1 and fix.accumulation == 4
+    assert rungs == [Rung.FUSED_LOSS, Rung.CHECKPOINTING, Rung.MICRO_BATCH]
+    assert fix.setup.loss is Loss.LIGER_FLCE and fix.setup.batch == 2 and fix.accumulation == 2
 
 
 def test_a_fit_inside_the_margin_is_tight() -> None:
     """The peak fits the GPU but not with the class's margin: "tight", never "fits"."""
     fix = _fix(model="qwen2.5-7b", gpu="rtx-4090", gpus=1, method="lora", precision="bf16-mixed", batch=4,
                seq=4096)
-    assert fix.tight and fix.tight[-1].setup.batch == 1
+    assert fix.tight and fix.tight[-1].setup.batch == 4 and fix.tight[-1].setup.loss is Loss.LIGER_FLCE
     tight = [v for r, v in fix.tried if v == "tight"]
     assert tight, fix.tried
 

@@ -56,11 +56,16 @@ from oomlab.budget import activations as act
 from oomlab.budget.activations import FP32, HALF, INDEX, Regime
 from oomlab.budget.step_parts import StepTensors
 from oomlab.core.choices import Loss, Method, Precision
+from oomlab.core.layouts import Family
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
 
 LIGER = "Liger-Kernel 0.8.2 (linkedin/Liger-Kernel@ead96b6, src/liger_kernel/ops/fused_linear_cross_entropy.py)"
 CCE = "cut-cross-entropy 25.6.4 (apple/ml-cross-entropy@d42911f, cut_cross_entropy/cce.py, cce_backward.py)"
+# the families Liger patches with its fused loss (src/liger_kernel/transformers/monkey_patch.py :3535-3584,
+# MODEL_TYPE_TO_APPLY_LIGER_FN at ead96b6), of oomlab's
+LIGER_FAMILIES = frozenset({Family.LLAMA, Family.MISTRAL, Family.MIXTRAL, Family.QWEN2, Family.QWEN3,
+                            Family.QWEN3_MOE, Family.GEMMA, Family.GEMMA2, Family.PHI3, Family.OLMO2, Family.GPT_OSS})
 ADDMM_OUT_DTYPE_TORCH = (2, 8)  # :18 ``_ADDMM_SUPPORTS_OUT_DTYPE = torch >= 2.8.0``
 ADDMM_OUT_DTYPE_CC = 8  # :238 ``get_device_capability(...)[0] >= 8``
 

@@ -26,9 +26,11 @@ from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import ceil_div, format_size
 from oomlab.core.user_input import read_user_text
 from oomlab.core.versions import Versions
-from oomlab.launch.fix_flags import flag_style, with_flag
+from oomlab.launch.fix_flags import FlagStyle, flag_style, with_flag
+from oomlab.launch.framework import Framework, framework_of
 from oomlab.launch.inputs import check_inputs
 from oomlab.launch.load_peak import HostLoad, host_load, quantized_load
+from oomlab.launch.memory_flags import LIGER_PLUGIN
 from oomlab.launch.message import MessageReading, read_message
 from oomlab.launch.origin import OriginKind
 from oomlab.launch.paths import ROWS, LoadPath, load_path_of
@@ -207,7 +209,7 @@ def _change(step: Step) -> tuple[str, str]:
         return "batch", f"{s.batch} (gradient accumulation x{step.accumulation}: the same global batch)"
     knob = {Rung.FUSED_OPTIMIZER: "optimizer", Rung.OPTIMIZER_8BIT: "optimizer", Rung.CHECKPOINTING: "checkpointing",
             Rung.SHARDING: "strategy", Rung.OFFLOAD: "strategy", Rung.LORA: "method", Rung.QLORA: "method",
-            Rung.MORE_GPUS: "gpus", Rung.PRECOMPUTE_REFERENCE: "reference",
+            Rung.MORE_GPUS: "gpus", Rung.PRECOMPUTE_REFERENCE: "reference", Rung.FUSED_LOSS: "loss",
             Rung.SHORTER_SEQ: "seq"}[step.rung]
     return knob, "on" if knob == "checkpointing" else str(plain(getattr(s, knob)))
 
@@ -245,9 +247,18 @@ def _how(launch: UserLaunch, step: Step) -> str:
              "gpus": f"{fix.gpus} processes per node (torchrun --nproc_per_node, accelerate --num_processes, "
                      "deepspeed --num_gpus)",
              "reference": "--precompute_ref_log_probs True (TRL's DPOConfig / KTOConfig)",
+             "loss": _liger_how(launch, style),
              "method": "a peft LoraConfig (adapter_config.json)" + (" over a bitsandbytes 4-bit base" if fix.method
                                                                     is Method.QLORA else "")}
     return f"{knob} {shown}: {flags.get(knob, shown)}{where}{cost}"
+
+
+def _liger_how(launch: UserLaunch, style: FlagStyle) -> str:
+    """How the user's launch turns Liger's fused linear cross-entropy on."""
+    if launch.command is not None and framework_of(launch.command) is Framework.AXOLOTL:
+        return (f"in the YAML, plugins: [{LIGER_PLUGIN}.LigerPlugin] and {style.names['loss']}: true (pip install "
+                "liger-kernel)")
+    return f"{style.spell('loss', 'True')} (pip install liger-kernel)"
 
 
 def _fix_launch(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile, ...] = ()) -> str:
@@ -282,6 +293,8 @@ def _fix_launch(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile
             text = style.set(text, "optim", _OPTIM_FLAGS[s.optimizer].split()[-1])
         elif knob == "reference":
             text = with_flag(text, "--precompute_ref_log_probs", "True")
+        elif knob == "loss" and framework_of(launch.command) is not Framework.AXOLOTL:  # axolotl: its YAML's plugins
+            text = style.set(text, "loss", "True")
         elif knob == "gpus":
             for option in ("--nproc_per_node", "--nproc-per-node", "--num_processes", "--num_gpus"):
                 if launch.command.option(option):

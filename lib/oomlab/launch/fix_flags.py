@@ -15,16 +15,19 @@ SCRIPT_SEQ_FLAGS = ("max_seq_length", "max_length", "model_max_length", "block_s
                     "seq_len", "max_seq_len", "seq_length", "context_length")
 _NAMES = {
     None: {"seq": "max_seq_length", "batch": "per_device_train_batch_size",
-           "accumulation": "gradient_accumulation_steps", "checkpointing": "gradient_checkpointing", "optim": "optim"},
+           "accumulation": "gradient_accumulation_steps", "checkpointing": "gradient_checkpointing", "optim": "optim",
+           "loss": "use_liger_kernel"},
     Framework.LLAMAFACTORY: {"seq": "cutoff_len", "batch": "per_device_train_batch_size",
                              "accumulation": "gradient_accumulation_steps",
-                             "checkpointing": "disable_gradient_checkpointing", "optim": "optim"},
+                             "checkpointing": "disable_gradient_checkpointing", "optim": "optim",
+                             "loss": "enable_liger_kernel"},
+    # axolotl: the key takes effect only with axolotl.integrations.liger.LigerPlugin under plugins (a YAML change)
     Framework.AXOLOTL: {"seq": "sequence_len", "batch": "micro_batch_size",
                         "accumulation": "gradient_accumulation_steps", "checkpointing": "gradient_checkpointing",
-                        "optim": "optimizer"},
+                        "optim": "optimizer", "loss": "liger_fused_linear_cross_entropy"},
     Framework.TRL: {"seq": "max_length", "batch": "per_device_train_batch_size",
                     "accumulation": "gradient_accumulation_steps", "checkpointing": "gradient_checkpointing",
-                    "optim": "optim"},
+                    "optim": "optim", "loss": "use_liger_kernel"},
 }
 
 

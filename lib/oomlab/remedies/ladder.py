@@ -1,7 +1,8 @@
 """The fix a maintainer would give: the least disruptive change that fits with a margin.
 
 A ladder of rungs, in the order a maintainer tries them (issue 22): first what costs nothing (the fused AdamW, which
-drops the foreach step's temporaries), then activation checkpointing, then a smaller micro-batch with gradient
+drops the foreach step's temporaries; Liger's fused linear cross-entropy, which never materialises the (tokens ×
+vocab) logits: a dependency, the same loss), then activation checkpointing, then a smaller micro-batch with gradient
 accumulation raised to keep the global batch, an 8-bit optimizer, more sharding on the same launcher, CPU offload --
 and only then changes to *what is trained* (full → LoRA → QLoRA) or to *the data* (shorter sequences), each named as
 such with its cost.  :func:`climb` applies the rungs one after another to the user's setup until the budget fits
@@ -19,8 +20,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from oomlab.budget.loss_kernels import LIGER_FAMILIES
 from oomlab.budget.trainers import PRECOMPUTABLE, resident_reference
-from oomlab.core.choices import Method, Optimizer, Reference, Strategy
+from oomlab.core.choices import Loss, Method, Optimizer, Reference, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
@@ -48,6 +50,7 @@ class Rung(enum.Enum):
 
     FUSED_OPTIMIZER = "fused AdamW"
     PRECOMPUTE_REFERENCE = "precompute_ref_log_probs"  # DPO / KTO: no reference model during training
+    FUSED_LOSS = "Liger's fused linear cross-entropy"  # SFT: the loss without the (tokens x vocab) logits
     CHECKPOINTING = "activation checkpointing"
     MICRO_BATCH = "smaller micro-batch, more accumulation"
     OPTIMIZER_8BIT = "8-bit AdamW"
@@ -59,7 +62,7 @@ class Rung(enum.Enum):
     SHORTER_SEQ = "shorter sequences"
 
 
-KIND = {Rung.FUSED_OPTIMIZER: Kind.FREE, Rung.PRECOMPUTE_REFERENCE: Kind.SPEED,
+KIND = {Rung.FUSED_OPTIMIZER: Kind.FREE, Rung.PRECOMPUTE_REFERENCE: Kind.SPEED, Rung.FUSED_LOSS: Kind.FREE,
         Rung.CHECKPOINTING: Kind.SPEED, Rung.MICRO_BATCH: Kind.SPEED,
         Rung.OPTIMIZER_8BIT: Kind.FREE, Rung.SHARDING: Kind.SPEED, Rung.OFFLOAD: Kind.SPEED,
         Rung.MORE_GPUS: Kind.HARDWARE,
@@ -68,6 +71,8 @@ COST = {
     Rung.FUSED_OPTIMIZER: "none: the same update in one kernel (the HF Trainer's default optim=adamw_torch_fused)",
     Rung.PRECOMPUTE_REFERENCE: "one extra pass over the data before training (the reference's log-probabilities "
                                "computed once and stored with the dataset); the same training after it",
+    Rung.FUSED_LOSS: "liger-kernel as a dependency (Triton kernels, NVIDIA or AMD GPUs); the same loss, computed "
+                     "over chunks of rows with the gradient in forward (use_liger_kernel=True)",
     Rung.CHECKPOINTING: "about a third more compute per step: each layer's forward runs again in backward",
     Rung.MICRO_BATCH: "the same global batch and results; smaller steps use the GPU less well",
     Rung.OPTIMIZER_8BIT: "bitsandbytes as a dependency; 8-bit moments train as well in published comparisons",
@@ -191,6 +196,7 @@ class Decision:
                 "steps": [{"rung": s.rung.value, "kind": KIND[s.rung].value, "cost": COST[s.rung],
                            "strategy": s.setup.strategy.value, "method": s.setup.method.value,
                            "optimizer": s.setup.optimizer.value, "checkpointing": s.setup.checkpointing,
+                           "loss": s.setup.loss.value,
                            "batch": s.setup.batch, "seq": s.setup.seq, "accumulation": s.accumulation,
                            "speed_ratio": ratio, "slower_by": list(causes)}
                           for s, (ratio, causes) in zip(self.steps, self.speeds(), strict=True)],
@@ -207,6 +213,9 @@ def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Ste
         if rung is Rung.PRECOMPUTE_REFERENCE:  # the trainer is kept: a DPO run's fix is still DPO
             return Step(rung, s.with_(reference=Reference.NONE), step.accumulation) \
                 if s.trainer in PRECOMPUTABLE and resident_reference(s) else None
+        if rung is Rung.FUSED_LOSS:  # kept only where the fit needs it (_minimal): where the logits weigh
+            return Step(rung, s.with_(loss=Loss.LIGER_FLCE), step.accumulation) \
+                if s.loss is Loss.STANDARD and s.trainer is Trainer.SFT and s.model.family in LIGER_FAMILIES else None
         if rung is Rung.CHECKPOINTING:
             return None if s.checkpointing else Step(rung, s.with_(checkpointing=True), step.accumulation)
         if rung is Rung.MICRO_BATCH:
