@@ -125,3 +125,30 @@ def test_refused_in_files(tmp_path: Path) -> None:
     code = run_cli(["check", "--launch", f"accelerate launch --config_file {acc} train.py", "--model",
                     "llama-3.1-8b", "--gpu", "a100-80gb"])
     assert code == 2
+
+
+def test_check_loss_decides_whatever_the_launch_says() -> None:
+    from oomlab.launch.check import check
+
+    r = check(launch=TRAIN + " --use_liger_kernel True", model="llama-3.1-8b", gpu="a100-80gb", gpus=1, loss="cce")
+    assert r.launch.setup.loss is Loss.CCE
+    assert str(r.launch.fields["loss"].origin) == "flag --loss cce (given on the command line)"
+    assert any("--use_liger_kernel True" in str(u.origin) for u in r.launch.unmodelled)  # listed as overridden
+
+
+def test_the_ladder_offers_liger_and_the_fix_command_carries_it() -> None:
+    """Llama-3.1-8B LoRA at 12 x 4096 with checkpointing on one A100-80GB: the (tokens x vocab) logits (128k words)
+    are what does not fit; Liger's fused loss alone fits, a free rung before anything that costs speed."""
+    from oomlab.launch.check import check
+    from oomlab.remedies.ladder import KIND, Kind, Rung
+
+    command = ("trl sft --model_name_or_path meta-llama/Llama-3.1-8B --use_peft --per_device_train_batch_size 12 "
+               "--max_length 4096 --bf16 --gradient_checkpointing --output_dir out")
+    r = check(launch=command, model="llama-3.1-8b", gpu="a100-80gb", gpus=1)
+    assert r.decision.verdict.word == "does not fit"
+    assert [s.rung for s in r.decision.steps] == [Rung.FUSED_LOSS] and KIND[Rung.FUSED_LOSS] is Kind.FREE
+    fix = r.smallest_fix
+    assert fix.changes == (("loss", "liger-flce"),)
+    assert fix.launch == command + " --use_liger_kernel True"
+    assert "--use_liger_kernel True (pip install liger-kernel)" in fix.how[0]
+    assert r.to_dict()["decision"]["steps"][0]["loss"] == "liger-flce"

@@ -8,6 +8,7 @@ import json
 from oomlab.cli.common import (
     PARAMS,
     Formatter,
+    add_loss_argument,
     gpu_help,
     host_ram_argument,
     model_help,
@@ -44,6 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     chk.add_argument("--trainer", choices=[t.value for t in Trainer], default=None,
                      help="the training loop (sft, dpo, grpo, ...), whatever the launch says; none: as the launch "
                      "says (stage:, rl:, trl dpo), else sft")
+    add_loss_argument(chk, None)
     chk.add_argument("--versions", type=versions_argument, default=None,
                      help="the releases the run uses, as name==release pins (trl==0.21.0) or a pip freeze file: "
                      "TRL's defaults follow its release; default: the installed ones, else the release each reader "
@@ -62,7 +64,7 @@ def command(args: argparse.Namespace) -> int:
                    deepspeed=args.deepspeed, training_args=args.training_args, adapter_config=args.adapter_config,
                    quantization_config=args.quantization_config, model=args.model, gpu=args.gpu, gpus=args.gpus,
                    host_ram=args.host_ram, message=args.message, seq=args.seq, batch=args.batch,
-                   trainer=args.trainer, versions=args.versions)
+                   trainer=args.trainer, versions=args.versions, loss=args.loss)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     elif args.markdown:

@@ -383,13 +383,14 @@ def check(*, gpu: str, launch: str | None = None, launch_dir: str | None = None,
           deepspeed: str | None = None, training_args: str | None = None, adapter_config: str | None = None,
           quantization_config: str | None = None, model: str | None = None, gpus: int | None = None,
           host_ram: str | int | None = None, message: str | None = None, seq: int | None = None,
-          batch: int | None = None, trainer: str | None = None, versions: Versions | None = None) -> CheckResult:
+          batch: int | None = None, trainer: str | None = None, versions: Versions | None = None,
+          loss: str | None = None) -> CheckResult:
     """``python -m oomlab check`` as a function: the user's launch (a command line, a folder of launch files, or the
     files one by one) read on ``gpu`` and checked (:func:`check_launch`); ``seq``, ``batch`` and ``trainer`` decide
     whatever the launch says (their origin: given on the command line); a bad name or file raises naming it."""
     inputs = check_inputs(launch=launch, launch_dir=launch_dir, accelerate_config=accelerate_config,
                           deepspeed=deepspeed, training_args=training_args, adapter_config=adapter_config,
                           quantization_config=quantization_config, model=model, gpu=gpu, gpus=gpus, seq=seq,
-                          batch=batch, trainer=trainer, versions=versions)
+                          batch=batch, trainer=trainer, versions=versions, loss=loss)
     text = None if message is None else read_user_text(message, "OOM message")  # a file: bounded, refused clearly
     return check_launch(inputs, host_ram=host_ram, message=text)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from oomlab.core.choices import Trainer, choice
+from oomlab.core.choices import Loss, Trainer, choice
 from oomlab.core.errors import InvalidValueError, LaunchFileError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import load_model
@@ -24,12 +24,15 @@ def check_inputs(*, launch: str | None = None, launch_dir: str | os.PathLike[str
                  training_args: str | None = None, adapter_config: str | None = None,
                  quantization_config: str | None = None, model: str | None = None, gpu: str = "t4",
                  gpus: int | None = None, seq: int | None = None, batch: int | None = None,
-                 trainer: str | None = None, versions: Versions | None = None) -> LaunchInputs:
+                 trainer: str | None = None, versions: Versions | None = None,
+                 loss: str | None = None) -> LaunchInputs:
     """Validated :class:`LaunchInputs`; a bad name or a missing file raises naming it (``seq``, ``batch``,
     ``trainer``: given on the command line, deciding whatever the launch says)."""
     load_gpu(gpu)
     if trainer is not None:
         choice(Trainer, trainer, "trainer")
+    if loss is not None:
+        choice(Loss, loss, "loss")
     if model is not None:
         load_model(model)
     given = {"accelerate_config": accelerate_config, "deepspeed": deepspeed, "training_args": training_args,
@@ -40,7 +43,8 @@ def check_inputs(*, launch: str | None = None, launch_dir: str | os.PathLike[str
     base = inputs_from_dir(launch_dir, gpu=gpu, gpus=gpus, model=model) if launch_dir is not None else \
         LaunchInputs(model=model, gpu=gpu, gpus=gpus)
     changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-    changes.update({k: v for k, v in (("seq", seq), ("batch", batch), ("trainer", trainer), ("versions", versions))
+    changes.update({k: v for k, v in (("seq", seq), ("batch", batch), ("trainer", trainer), ("versions", versions),
+                                               ("loss", loss))
                     if v is not None})
     if launch is not None:  # typed here: its relative paths are the current folder's
         changes.update(command=launch, command_dir=None)

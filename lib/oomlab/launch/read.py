@@ -66,6 +66,7 @@ class LaunchInputs:
     seq: int | None = None  # ``check --seq N``: the sequence length, whatever the launch says
     batch: int | None = None  # ``check --batch N``: the micro-batch per GPU, whatever the launch says
     trainer: str | None = None  # ``check --trainer KIND``: the training loop, whatever the launch says
+    loss: str | None = None  # ``check --loss KIND``: the loss kernel, whatever the launch says
     versions: Versions | None = None  # the user's releases (``check --versions``): TRL's defaults follow its release
 
     @property
