@@ -363,6 +363,21 @@ def test_train_script_accepts_every_optimizer() -> None:
         train.parse_args(["--optimizer", "lion"])
 
 
+def test_the_fix_launch_carries_the_loss_kernel() -> None:
+    """Qwen2.5-7B LoRA on one RTX 4090 at 4 x 4096: the ladder's fix takes Liger's fused linear cross-entropy; its
+    name says so, its command passes --loss liger-flce, and train.py accepts each loss oomlab budgets."""
+    from oomlab.core.choices import Loss
+    from oomlab.remedies.plan import plan_for
+
+    plan = plan_for(make_setup(model="qwen2.5-7b", gpu="rtx-4090", gpus=1, method="lora", precision="bf16-mixed",
+                               batch=4, seq=4096))
+    assert plan.decision.setup.loss is Loss.LIGER_FLCE and plan.fix.name.endswith("loss liger-flce")
+    command = launch_writer.plan_launch_command(plan, plan.fix, "Qwen/Qwen2.5-7B")
+    assert command.endswith("--loss liger-flce")
+    train = _train_module()
+    assert [train.parse_args(["--loss", x.value]).loss for x in Loss] == [x.value for x in Loss]
+
+
 FSDP1_PATCHES = ("fsdp-distributed-type", "cpu-device-without-index", "fsdp1-sync-module-states")
 FP16 = ("fp16-native-amp",)
 FSDP1_FLAT = [["float32", True]]  # full fine-tuning: every unit trainable, fp32 (accelerate's upcast)

@@ -27,7 +27,7 @@ from oomlab.budget.deepspeed_config import (
     settings_for,
     zero_optimization_block,
 )
-from oomlab.core.choices import ZERO_STAGES, Method, Optimizer, Precision
+from oomlab.core.choices import ZERO_STAGES, Loss, Method, Optimizer, Precision
 from oomlab.core.setup import TrainingSetup
 
 TRAIN_SCRIPT = "train.py"
@@ -108,6 +108,8 @@ def train_args(setup: TrainingSetup, model_id: str, accumulation: int = 1) -> li
         args.append("--checkpointing")
     if accumulation > 1:
         args += ["--accumulation", str(accumulation)]
+    if setup.loss is not Loss.STANDARD:
+        args += ["--loss", setup.loss.value]
     return args
 
 

@@ -423,6 +423,8 @@ def _ladder_suffix(base: TrainingSetup, decision: Decision) -> str:
         parts.append(f"seq {fix.seq}")
     if fix.gpus != base.gpus:
         parts.append(f"{fix.gpus} GPUs per node")
+    if fix.loss is not base.loss:
+        parts.append(f"loss {fix.loss.value}")
     return "".join(f" · {p}" for p in parts)
 
 

@@ -49,6 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="micro-batches per optimizer step (gradient accumulation: the global batch kept)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each decoder layer")
+    p.add_argument("--loss", choices=("standard", "liger-flce", "cce"), default="standard",
+                   help="liger-flce: Liger-Kernel's fused linear cross-entropy, as TrainingArguments(use_liger_kernel) "
+                   "applies it (pip install liger-kernel); cce: Apple's Cut Cross-Entropy (pip install "
+                   "cut-cross-entropy); both need a GPU (Triton)")
     p.add_argument("--data", default=None, help="a text file to train on (default: random token ids)")
     p.add_argument("--output-dir", default=None, help="save the adapters (LoRA) or the model here at the end")
     p.add_argument("--log-json", default=None, help="append one JSON line per step here (rank 0)")
@@ -95,6 +99,15 @@ def load_model(args: argparse.Namespace, accelerator: Accelerator) -> torch.nn.M
     else:
         model = AutoModelForCausalLM.from_pretrained(args.model, **kwargs)
     model.config.use_cache = False
+    if args.loss == "liger-flce":  # transformers' own integration, the base model patched before peft wraps it
+        from transformers.integrations.liger import apply_liger_kernel
+
+        apply_liger_kernel(model, {"fused_linear_cross_entropy": True, "cross_entropy": False, "rope": False,
+                                   "rms_norm": False, "swiglu": False, "geglu": False, "layer_norm": False})
+    elif args.loss == "cce":
+        from cut_cross_entropy.transformers import cce_patch
+
+        model = cce_patch(model)
     if args.method in ("lora", "qlora"):
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
