@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from oomlab.budget import states
+from oomlab.budget.activation_offload import offload_note
 from oomlab.budget.deepspeed import deepspeed_notes
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.inventory import assemble_phases, take_inventory
@@ -60,7 +61,8 @@ def host_ram_bytes(setup: TrainingSetup, inventory: Inventory) -> int:
         loading_processes = 0 if setup.strategy.zero_stage == 3 else setup.gpus
     else:
         loading_processes = 1 if loads_once_per_node(setup) else setup.gpus
-    return loading_processes * states.replica + states.host_per_node
+    # activation offloading: each process's saved activations in pinned host memory
+    return loading_processes * states.replica + states.host_per_node + setup.gpus * inventory.tensors.host_activations
 
 
 _OUTSIDE: BoundedMemo[tuple, Any] = BoundedMemo()
@@ -182,6 +184,8 @@ def sft_estimate(setup: TrainingSetup, outside_bytes: int | None = None,
     notes += versions_notes(setup)
     if setup.loss.fused:
         notes += (loss_note(setup),)
+    if setup.offload_activations:
+        notes += (offload_note(inventory.tensors),)
     if setup.strategy.deepspeed:
         notes += deepspeed_notes(setup, inventory)
     if len(setup.model.attention_implementations()) == 1:  # make_setup took the one transformers allows

@@ -30,7 +30,8 @@ def render_budget(result: BudgetResult) -> str:
         f"{s.strategy.value}, {s.method.value}, {s.precision.value}, {s.optimizer.value}, micro-batch {s.batch}, "
         f"seq {s.seq}, checkpointing {'on' if s.checkpointing else 'off'}, {s.attention.value}"
         + ("" if s.trainer is Trainer.SFT else f", trainer {s.trainer.value}")
-        + (f", loss {s.loss.value}" if s.loss.fused else "") + f" [{result.source.value}]",
+        + (f", loss {s.loss.value}" if s.loss.fused else "")
+        + (", activations offloaded" if s.offload_activations else "") + f" [{result.source.value}]",
         f"peak in the {result.peak_phase.value} phase:",
     ]
     for category, value in sorted(result.components.items(), key=lambda kv: -kv[1]):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from oomlab.budget import activations as act
 from oomlab.budget import states, workspace
+from oomlab.budget.activation_offload import offload_tensors
 from oomlab.budget.deepspeed import deepspeed_phases, model_dtype_bytes, zero_states
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.fsdp import fsdp_phases
@@ -73,12 +74,13 @@ def step_tensors(setup: TrainingSetup) -> StepTensors:
         recompute_acts = layer_inputs_bytes(setup) + act.layer_activation_bytes(setup)
         recompute_fixed = act.layer_fixed_bytes(setup) + workspace.in_layer_backward_bytes(
             setup, workspace.recompute_gradient_bytes(setup))
-    return loss_tensors(setup, StepTensors(  # a fused loss (Liger, Cut Cross-Entropy) replaces the logits' terms
+    # a fused loss (Liger, Cut Cross-Entropy) replaces the logits' terms; offloading moves the saved activations
+    return offload_tensors(setup, loss_tensors(setup, StepTensors(
         layer_activations=saved - loss_saved, autocast_copies=act.autocast_copy_bytes(setup),
         autocast_cache=act.autocast_cache_bytes(setup), logits=logits, logits_fp32=logits_fp32,
         log_softmax=lg.log_softmax + capped, loss_grad=lg.grad, recompute_activations=recompute_acts,
         recompute_workspace=recompute_fixed, input_leaf=act.input_leaf_bytes(setup),
-    ))
+    )))
 
 
 def logits_at_loss(setup: TrainingSetup, half_logits: int, fp32_copy: int) -> tuple[int, int]:

@@ -69,6 +69,7 @@ class StepTensors:
     recompute_activations: int  # checkpointing: every layer's input + the recomputed layer's saved tensors
     recompute_workspace: int  # checkpointing: the recomputed layer's fixed bytes and gradient temporaries
     input_leaf: int = 0  # QLoRA under peft's enable_input_require_grads: the embedding output leaf and its gradient
+    host_activations: int = 0  # activation offloading: the saved activations in pinned host memory (per process)
 
     @property
     def logits_forward(self) -> int:

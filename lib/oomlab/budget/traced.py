@@ -66,6 +66,9 @@ def _check_traceable(setup: TrainingSetup) -> None:
             f"trainer {setup.trainer.value!r} is analytic only: the traced step is the SFT step, and a trace of it "
             "would not hold the reference model, the concatenated pairs or TRL's fused head; use source='analytic' "
             "(oomlab.budget.trainers, checked against real TRL steps: docs/trainers-small-scale.md)")
+    if setup.offload_activations:
+        raise InvalidValueError("activation offloading is analytic only: the traced step keeps its saved tensors on "
+                                "the device; use source='analytic' (oomlab.budget.activation_offload)")
     if setup.loss.fused:
         raise InvalidValueError(
             f"loss {setup.loss.value!r} is analytic only: its kernels are Triton's, which do not run on CPU, and the "
@@ -254,7 +257,7 @@ def cache_key(setup: TrainingSetup) -> str:
             value = {"name": value.name, "config": dict(value.config)}
         elif f.name == "gpu":
             continue  # a trace does not depend on the GPU model
-        elif f.name in ("trainer", "reference", "loss"):
+        elif f.name in ("trainer", "reference", "loss", "offload_activations"):
             continue  # a trace is always the SFT step with transformers' loss (others are refused): keys hold
         elif isinstance(value, enum.Enum):
             value = value.value

@@ -164,6 +164,9 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
                         "releases (the budget's notes say which)")
     add_trainer_arguments(parser)
     add_loss_argument(parser, DEFAULTS.loss.value)
+    parser.add_argument("--offload-activations", action="store_true",
+                        help="TRL's activation_offloading: saved activations in pinned host memory, the top layer's "
+                        "kept on the GPU")
 
 
 def add_loss_argument(parser: argparse.ArgumentParser, default: str | None) -> None:
@@ -195,7 +198,8 @@ def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "optimizer": args.optimizer, "batch": args.batch, "seq": args.seq,
             "checkpointing": args.checkpointing, "attention": args.attention, "lora_rank": args.lora_rank,
             "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets, "trainer": args.trainer,
-            "reference": args.reference, "loss": args.loss, "versions": args.versions}
+            "reference": args.reference, "loss": args.loss,
+            "offload_activations": args.offload_activations, "versions": args.versions}
 
 
 def host_ram_argument(text: str) -> int | str:

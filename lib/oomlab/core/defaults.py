@@ -48,6 +48,7 @@ class SetupDefaults:
     trainer: Trainer = Trainer.SFT  # the training loop: supervised fine-tuning (transformers' Trainer / SFTTrainer)
     reference: Reference = Reference.DEFAULT  # the trainer's reference model as its config defaults it
     loss: Loss = Loss.STANDARD  # transformers' loss over materialised logits (no Liger, no Cut Cross-Entropy)
+    offload_activations: bool = False  # saved activations kept on the GPU (TRL's activation_offloading off)
 
 
 DEFAULTS = SetupDefaults()

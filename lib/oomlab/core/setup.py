@@ -60,6 +60,8 @@ class TrainingSetup:
     trainer: Trainer = DEFAULTS.trainer
     reference: Reference = DEFAULTS.reference  # the trainer's reference model: its default, resident or none
     loss: Loss = DEFAULTS.loss  # the causal-LM loss: over materialised logits, Liger's fused kernel, Cut CE
+    # saved activations moved to pinned host memory as forward saves them (TRL's activation_offloading)
+    offload_activations: bool = DEFAULTS.offload_activations
     # the user's library releases (core.versions): the installed ones where not given
     versions: Versions = field(default_factory=installed_versions)
 
@@ -129,6 +131,10 @@ def validate(setup: TrainingSetup) -> TrainingSetup:
             setup = replace(setup, lora_targets=targets)
     if setup.strategy.deepspeed:
         _validate_deepspeed(setup)
+    if setup.offload_activations and setup.strategy.fsdp:
+        raise InvalidValueError(
+            f"activation offloading with strategy {setup.strategy.value!r} is not budgeted (FSDP's per-layer phases "
+            "assume the saved activations on the GPU); use single, ddp or a zero* strategy")
     if setup.method is Method.QLORA and setup.strategy.offloads:
         raise InvalidValueError(
             f"method 'qlora' with strategy '{setup.strategy.value}' is not supported (4-bit weights are not "
@@ -177,6 +183,7 @@ def make_setup(
     trainer: str | Trainer = DEFAULTS.trainer,
     reference: str | Reference = DEFAULTS.reference,
     loss: str | Loss = DEFAULTS.loss,
+    offload_activations: bool = DEFAULTS.offload_activations,
     versions: Versions | Mapping[str, str] | str | None = None,
 ) -> TrainingSetup:
     """Build and validate a :class:`TrainingSetup` from names (as typed on the CLI) or objects; what is not given is
@@ -206,6 +213,7 @@ def make_setup(
             trainer=choice(Trainer, trainer, "trainer"),
             reference=choice(Reference, reference, "reference"),
             loss=choice(Loss, loss, "loss"),
+            offload_activations=bool(offload_activations),
             versions=versions_from(versions),
         )
     )
