@@ -152,3 +152,18 @@ def test_the_ladder_offers_liger_and_the_fix_command_carries_it() -> None:
     assert fix.launch == command + " --use_liger_kernel True"
     assert "--use_liger_kernel True (pip install liger-kernel)" in fix.how[0]
     assert r.to_dict()["decision"]["steps"][0]["loss"] == "liger-flce"
+
+
+def test_activation_offloading_flags(tmp_path: Path) -> None:
+    launch = _read("trl sft --model_name_or_path meta-llama/Llama-3.1-8B --activation_offloading --max_length 2048")
+    assert launch.setup.offload_activations
+    assert str(launch.fields["offload_activations"].origin) == "flag --activation_offloading"
+    assert not _read(TRAIN).setup.offload_activations
+    assert "no activation_offloading" in str(_read(TRAIN).fields["offload_activations"].origin)
+    ax = _yaml(tmp_path, "off.yml", "base_model: NousResearch/Meta-Llama-3-8B\nactivation_offloading: true\n")
+    launch = _read(f"axolotl train {ax}")
+    assert (launch.setup.offload_activations, str(launch.fields["offload_activations"].origin)) == \
+        (True, f"{ax}:2 activation_offloading")
+    ax = _yaml(tmp_path, "gc.yml", "base_model: NousResearch/Meta-Llama-3-8B\ngradient_checkpointing: offload\n")
+    launch = _read(f"axolotl train {ax}")
+    assert launch.setup.offload_activations and launch.setup.checkpointing

@@ -207,6 +207,8 @@ def _checkpointing(claims: Claims, look: Any) -> None:
     if hit[0] and hit[1] is not None:
         if str(hit[1]).lower() in ("offload", "offload_disk"):
             claims.say("checkpointing", True, hit[2])
+            if str(hit[1]).lower() == "offload":  # the checkpointed layer inputs in host memory
+                claims.say("offload_activations", True, hit[2])
         else:
             claims.say("checkpointing", bool_value(hit[1], hit[2]), hit[2])
     else:

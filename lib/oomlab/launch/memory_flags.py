@@ -9,6 +9,8 @@ settings oomlab refuses or lists with their likely effect.
   sft -- ``require_logits`` turns it off for the others); axolotl ``liger_fused_linear_cross_entropy`` and
   ``cut_cross_entropy``, each applied by its plugin (``axolotl.integrations.liger.LigerPlugin``,
   ``axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin``) listed under ``plugins``.
+- **Activation offloading** (``offload_activations``, budgeted by :mod:`oomlab.budget.activation_offload`): TRL's
+  and axolotl's ``activation_offloading``, torchtune's ``enable_activation_offloading``.
 - **Refused** (:class:`~oomlab.core.errors.UnmodelledSettingError`): context parallelism, an optimizer stepped
   inside backward (LOMO / AdaLomo, torchtune's ``optimizer_in_bwd``), selective activation checkpointing.
 - **Listed, not refused**: ``torch_compile`` (its effect on memory is small and mostly downward: the eager budget
@@ -83,7 +85,9 @@ TORCH_COMPILE = ("torch.compile of the model: AOTAutograd's partitioner recomput
                  "saving them and Inductor fuses them, so activations are usually at or below the eager budget's "
                  "(plus a one-off compile-time peak); budgeted as the eager model")
 # keys read here: the launch readers count them as modelled
-KEYS = frozenset({*LIGER_KEYS, *(k for k, _, _ in REFUSED), "torch_compile", "plugins"})
+# TRL's SFTConfig and axolotl: activation_offloading; torchtune: enable_activation_offloading
+OFFLOAD_KEYS = ("activation_offloading", "enable_activation_offloading")
+KEYS = frozenset({*LIGER_KEYS, *(k for k, _, _ in REFUSED), *OFFLOAD_KEYS, "torch_compile", "plugins"})
 
 
 def refuse(key: str, value: Any, origin: Origin, what: str) -> UnmodelledSettingError:
@@ -104,6 +108,10 @@ def memory_flags(claims: Claims, look: Lookup, framework: str = "transformers") 
         if hit[0] and str(hit[1]).strip().lower() in OPTIM_IN_BACKWARD:
             raise refuse(key, hit[1], hit[2], OPTIM_IN_BACKWARD[str(hit[1]).strip().lower()]
                          + ": the optimizer steps each parameter inside backward and frees its gradient at once")
+    for key in OFFLOAD_KEYS:
+        hit = look(key)
+        if hit[0]:  # a bare --activation_offloading is on
+            claims.say("offload_activations", hit[1] is None or _on(hit[1]), hit[2])
     listed: list[Unmodelled] = []
     hit = look("torch_compile")
     if hit[0] and hit[1] is not None and _on(hit[1]):

@@ -366,7 +366,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         unmodelled += [refused] if refused is not None else []
     setup = make_setup(strategy=strategy, precision=precision, optimizer=fields["optimizer"].value,
                        trainer=kind.value, reference=reference.value, versions=versions,
-                       loss=fields["loss"].value, **common)
+                       loss=fields["loss"].value, offload_activations=fields["offload_activations"].value, **common)
     zero3 = _zero3_init(refs, trainer)
     fields.update({"model": Sourced(spec.name, model_origin), "strategy": Sourced(strategy, strategy_origin),
                    "method": method, "zero3_init": zero3, "trainer": kind, "reference": reference,
@@ -381,8 +381,8 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
 
 
 SETUP_ORDER = ("model", "gpus", "nodes", "strategy", "trainer", "reference", "method", "precision", "optimizer",
-               "batch", "accumulation", "seq", "checkpointing", "attention", "loss", "lora_rank", "lora_alpha",
-               "lora_targets", "load_dtype", "zero3_init")
+               "batch", "accumulation", "seq", "checkpointing", "attention", "loss", "offload_activations",
+               "lora_rank", "lora_alpha", "lora_targets", "load_dtype", "zero3_init")
 # the launchers that start a process per visible GPU unless told how many, and whose default that is
 PER_VISIBLE_GPU = {Launcher.ACCELERATE: K.ACCELERATE, Launcher.DEEPSPEED: K.DEEPSPEED,
                    Launcher.LLAMAFACTORY: LLAMAFACTORY, Launcher.AXOLOTL: AXOLOTL, Launcher.TRL: TRL}
@@ -478,6 +478,8 @@ def _defaults(claims: Claims, trainer: bool, spec: ModelSpec) -> None:
     _library_default(claims, "method", Method.FULL, default_origin(t, "no adapter: every parameter trains"))
     _library_default(claims, "loss", Loss.STANDARD, default_origin(t, "use_liger_kernel=False: the loss over the "
                                                                       "(tokens x vocab) logits"))
+    _library_default(claims, "offload_activations", False, default_origin(t, "no activation_offloading: the saved "
+                                                                          "activations stay on the GPU"))
     _library_default(claims, "lora_rank", 8, default_origin(K.PEFT, "LoraConfig r=8"))
     _library_default(claims, "lora_alpha", 8, default_origin(K.PEFT, "LoraConfig lora_alpha=8"))
 
