@@ -30,7 +30,8 @@ def test_check_shows_the_setup_rows(seed_check) -> None:
     """The plain answer's setup lines are setup_rows, the table notebook 01 shows."""
     text = render_check(seed_check)
     rows = setup_rows(seed_check.launch)
-    assert rows and all(f"  {name:<14} {value:<28} {origin}" in text for name, value, origin in rows)
+    wide = max(len(name) for name, _, _ in rows)  # one column for the names, as wide as the longest
+    assert rows and all(f"  {name:<{wide}} {value:<28} {origin}" in text for name, value, origin in rows)
     assert ("precision", "fp16-mixed") in {(name, value) for name, value, _ in rows}
 
 

@@ -80,7 +80,9 @@ def _assumptions(result: CheckResult) -> list[str]:
 def render_check(result: CheckResult) -> str:
     """The plain-text answer."""
     lines = [verdict(result), "", "setup (origin of each field):"]
-    lines += [f"  {name:<14} {value:<28} {origin}" for name, value, origin in setup_rows(result.launch)]
+    rows = setup_rows(result.launch)
+    wide = max((len(name) for name, _, _ in rows), default=0)  # the longest field name sets the column
+    lines += [f"  {name:<{wide}} {value:<28} {origin}" for name, value, origin in rows]
     if result.message is not None:
         lines += ["", f"the message: {result.message.sentence}"]
     host = f"; host RAM {result.load.host.detail}" if result.load.host is not None else ""
