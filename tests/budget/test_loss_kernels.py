@@ -54,13 +54,14 @@ def test_liger_has_no_tokens_by_vocab_term_and_saves_the_right_bytes():
     assert (std.logits, std.logits_fp32, std.log_softmax) == (2 * tv, 4 * tv, 4 * tv)
     assert liger.logits_fp32 == 0
     assert max(liger.logits, liger.log_softmax, liger.loss_grad) < tv  # nothing (tokens x vocab) in any dtype
-    # forward: one 2048 x 32000 bf16 chunk, the 2048 x 4096 grad_input product, loss_1d (fp32) and the target mask
-    assert liger.logits == 2048 * V * 2 + 2048 * H * 2 + 4 * n + n == 147_931_136
+    # forward: two 2048 x 32000 bf16 chunks (the next one computed while the last is still bound), loss_1d (fp32)
+    # and the target mask
+    assert liger.logits == 2 * 2048 * V * 2 + 4 * n + n == 262_225_920
     assert liger.log_softmax == n * H * 2 == 134_217_728  # grad_input, saved for backward (LoRA: no grad_weight)
     assert liger.loss_grad == 0  # backward only scales the saved gradients in place
     saved = forward_end_bytes(take_inventory(_lora("standard"))) - forward_end_bytes(take_inventory(
         _lora("liger-flce")))
-    assert saved == 10 * tv - 147_931_136 - 134_217_728 == 4_960_731_136
+    assert saved == 10 * tv - 262_225_920 - 134_217_728 == 4_846_436_352
 
 
 def test_liger_full_fine_tuning_head_gradient_by_torch_release():
@@ -73,9 +74,9 @@ def test_liger_full_fine_tuning_head_gradient_by_torch_release():
     old = take_inventory(make_setup(**full, versions="transformers==4.50.0,torch==2.4.0")).tensors
     n, rows = 4096, 512  # next_power_of_2(cdiv(4096, 8))
     assert new.log_softmax == n * H * 4 + V * H * 4  # grad_input in the fp32 stream, grad_weight like the fp32 head
-    # the chunk, its input chunk cast to bf16, the head's bf16 cast (weight.t() is no leaf), the grad_input product
-    assert new.logits == rows * V * 2 + rows * H * 2 + V * H * 2 + rows * H * 2 + 4 * n + n
-    assert old.logits - new.logits == V * H * (2 + 4)
+    # two chunks, the input chunk cast to bf16 and the head's bf16 cast (weight.t() is no leaf) at the product
+    assert new.logits == 2 * rows * V * 2 + rows * H * 2 + V * H * 2 + 4 * n + n
+    assert old.logits == rows * V * 2 + V * H * (2 + 4) + 4 * n + n  # one chunk beside the V x H temporaries
     std = take_inventory(make_setup(**{**full, "loss": "standard"}, versions=VERSIONS)).tensors
     assert std.layer_activations - new.layer_activations == n * H * 2  # lm_head's input, no longer saved
     assert std.autocast_copies - new.autocast_copies == V * H * 2  # the head's bf16 copy, not kept for backward

@@ -120,22 +120,38 @@ def liger_accumulate_bytes(setup: TrainingSetup) -> int:
     return vh * c + (vh * FP32 if c != FP32 else 0)
 
 
+def liger_forward_bytes(tokens: int, hidden_size: int, vocab: int, compute: int, input_cast: bool, head_cast: int,
+                        accumulate: int) -> int:
+    """The forward's largest moment inside Liger's kernel, beyond what it keeps for backward: one chunk's logits
+    (``rows × V`` in the compute dtype) with, at its largest, (a) the next chunk's product while the previous chunk is
+    still bound (``logits_chunk = _input_chunk @ weight.t()`` rebinds once the product exists: two chunks where there
+    is more than one), the input chunk's half cast and the head's per-chunk cast, (b) the ``rows × H`` ``grad_input``
+    product, or (c) the accumulation temporaries; plus ``loss_1d`` (fp32) and the target mask (bools).
+
+    Checked by running Liger-Kernel 0.8.2's own function under Triton's CPU interpreter (``TRITON_INTERPRET=1``)
+    inside torch's ``MemTracker`` (tests/budget/test_loss_kernels_liger_interpret.py): the forward peak matches to
+    the byte with the head trained (accumulation the largest) and frozen (two chunks the largest)."""
+    rows = liger_chunk_rows(tokens, vocab, hidden_size)
+    chunk = rows * vocab * compute
+    cast = rows * hidden_size * compute if input_cast else 0
+    matmul = (2 if rows < tokens else 1) * chunk + cast + head_cast
+    return max(matmul, chunk + rows * hidden_size * compute, chunk + accumulate) + FP32 * tokens + tokens
+
+
 def liger_tensors(setup: TrainingSetup, t: StepTensors) -> StepTensors:
     """``t`` with transformers' loss replaced by Liger's fused linear cross-entropy (the terms: module docstring).
 
-    ``logits``: the forward's transient inside the kernel (one chunk's logits, its input cast, the ``grad_input``
-    product, the accumulation temporaries, ``loss_1d`` and the mask); ``log_softmax``: what it saves for backward
-    (``grad_input`` and ``grad_weight``, allocated in forward); no fp32 logits and no backward gradients.
+    ``logits``: the forward's transient inside the kernel (:func:`liger_forward_bytes`); ``log_softmax``: what it
+    saves for backward (``grad_input`` and ``grad_weight``, allocated in forward); no fp32 logits and no backward
+    gradients.
     """
     spec, n = setup.model, act.tokens(setup)
     h, v, c = spec.hidden_size, spec.vocab_size, _compute(setup)
-    rows = liger_chunk_rows(n, v, h)
     hidden = act.stream_bytes(setup)  # the final norm's output, the kernel's ``_input``
     grad_input = n * h * hidden
     grad_weight = v * h * _head_weight_bytes(setup) if setup.method is Method.FULL else 0
-    cast = rows * h * c if hidden != c else 0  # autocast's half copy of the fp32 input chunk
     head_cast = v * h * c if _head_weight_bytes(setup) != c else 0  # ``weight.t()`` is no leaf: cast per chunk
-    forward = rows * v * c + cast + head_cast + rows * h * c + liger_accumulate_bytes(setup) + FP32 * n + n
+    forward = liger_forward_bytes(n, h, v, c, hidden != c, head_cast, liger_accumulate_bytes(setup))
     return replace(t, layer_activations=t.layer_activations - _head_input(setup),
                    autocast_copies=max(t.autocast_copies - _head_copy(setup), 0), logits=forward, logits_fp32=0,
                    log_softmax=grad_input + grad_weight, loss_grad=0)
