@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oomlab.budget.result import Fit
-from oomlab.core.choices import Method, Optimizer, Precision, Reference, Route, Strategy, Trainer
+from oomlab.core.choices import Loss, Method, Optimizer, Precision, Reference, Route, Strategy, Trainer
 from oomlab.core.defaults import DEFAULTS, launch_strategy
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import GPUSpec, load_gpu
@@ -227,7 +227,8 @@ def fold_label_twins(remedies: list[Remedy], bf16: bool) -> list[Remedy]:
     return [keep[id(r)] for r in remedies if id(r) in keep]
 
 
-KEPT = ("trainer", "reference", "versions")  # what no remedy changes: the training loop, its reference, the stack
+# what no remedy changes: the training loop, its reference, the stack, the loss kernel, activation offloading
+KEPT = ("trainer", "reference", "versions", "loss", "offload_activations")
 
 
 def configured_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = DEFAULTS.nodes, *,
@@ -349,6 +350,8 @@ def make_plan(
     trainer: str | Trainer = DEFAULTS.trainer,
     reference: str | Reference = DEFAULTS.reference,
     versions: Versions | Mapping[str, str] | str | None = None,
+    loss: str | Loss = DEFAULTS.loss,
+    offload_activations: bool = DEFAULTS.offload_activations,
 ) -> Plan:
     """Every remedy for training ``model`` on ``nodes`` × ``gpus`` × ``gpu``, budgeted and ranked.
 
@@ -365,7 +368,8 @@ def make_plan(
     if seq > spec.max_position_embeddings:
         raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
                                 f"{spec.max_position_embeddings}: use a sequence length up to that")
-    run = {"trainer": trainer, "reference": reference, "versions": versions}  # every remedy keeps these (KEPT)
+    run = {"trainer": trainer, "reference": reference, "versions": versions, "loss": loss,
+           "offload_activations": offload_activations}  # every remedy keeps these (KEPT)
     base = configured_setup(spec, gpu_spec, gpus, nodes, seq=seq, batch=batch, precision=precision,
                             optimizer=optimizer, checkpointing=checkpointing, attention=attention,
                             lora_rank=lora_rank, strategy=strategy, method=method, lora_targets=lora_targets,
@@ -437,7 +441,8 @@ def plan_for(setup: TrainingSetup, host_ram: str | int | None = HOST_RAM_AUTO, *
                      optimizer=s.optimizer.value, checkpointing=s.checkpointing, attention=s.attention.value,
                      lora_rank=s.lora_rank, strategy=s.strategy, method=s.method, lora_targets=s.lora_targets,
                      lora_alpha=s.lora_alpha, assumptions=assumptions, outside_bytes=outside_bytes,
-                     trainer=s.trainer, reference=s.reference, versions=s.versions)
+                     trainer=s.trainer, reference=s.reference, versions=s.versions, loss=s.loss,
+                     offload_activations=s.offload_activations)
 
 
 def distinct_top(plan: Plan, n: int = 3) -> tuple[Remedy, ...]:
