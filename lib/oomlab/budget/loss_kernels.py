@@ -193,7 +193,8 @@ def loss_note(setup: TrainingSetup) -> str | None:
         rows = liger_chunk_rows(n, spec.vocab_size, spec.hidden_size)
         chunk = rows * spec.vocab_size * _compute(setup)
         return (f"loss: Liger's fused linear cross-entropy, chunks of {rows} rows × {spec.vocab_size} "
-                f"({format_size(chunk)}), no (tokens × vocab) logits ({LIGER})")
+                f"({format_size(chunk)}), no (tokens × vocab) logits ({LIGER}); NB: its other kernels (RMSNorm, "
+                "SwiGLU, RoPE, on by default with use_liger_kernel) are budgeted as transformers' own")
     if setup.loss is Loss.CCE:
         return f"loss: Cut Cross-Entropy, blockwise log-sum-exp, no (tokens × vocab) logits ({CCE})"
     return None
