@@ -152,6 +152,7 @@ NOT_THE_REGISTRYS = {
     ("check", "model"): "from the launch files",
     ("check", "gpu"): "required",
     ("check", "gpus"): "from the launch files",
+    ("check", "loss"): "from the launch files",
     ("check", "seq"): "from the launch files unless given (then it decides, 'given on the command line')",
     ("check", "batch"): "from the launch files unless given (then it decides, 'given on the command line')",
     ("check", "trainer"): "from the launch (stage:, rl:, trl dpo) unless given",

@@ -167,3 +167,15 @@ def test_activation_offloading_flags(tmp_path: Path) -> None:
     ax = _yaml(tmp_path, "gc.yml", "base_model: NousResearch/Meta-Llama-3-8B\ngradient_checkpointing: offload\n")
     launch = _read(f"axolotl train {ax}")
     assert launch.setup.offload_activations and launch.setup.checkpointing
+
+
+def test_pipeline_parameters_reach_the_setup() -> None:
+    """``python -m oomlab run -p loss=liger-flce -p offload_activations=true``: the notebooks' setup carries both."""
+    from oomlab.launch.user import user_launch
+    from oomlab.pipeline.params import PARAMETERS, parse_params
+
+    launch = user_launch(parse_params(["model=llama-2-7b", "gpu=a100-80gb", "gpus=1", "loss=liger-flce",
+                                       "offload_activations=true"]),
+                         {name: p.default for name, p in PARAMETERS.items()})
+    assert launch.setup.loss is Loss.LIGER_FLCE and launch.setup.offload_activations
+    assert str(launch.fields["loss"].origin) == "flag -p loss=liger-flce"

@@ -17,7 +17,7 @@ from oomlab.launch.resolve import SETUP_ORDER, read_launch
 
 # pipeline parameter -> setup field (the pipeline's names are the setup's, but for the load dtype)
 PARAM_FIELDS = ("gpus", "strategy", "method", "precision", "optimizer", "batch", "seq", "checkpointing", "attention",
-                "lora_rank", "lora_targets", "trainer", "reference")
+                "lora_rank", "lora_targets", "trainer", "reference", "loss", "offload_activations")
 
 
 def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> UserLaunch:

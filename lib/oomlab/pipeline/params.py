@@ -16,6 +16,7 @@ from oomlab.core.choices import (
     MESSAGE_FORMAT_NAMES,
     Attention,
     Device,
+    Loss,
     Method,
     Optimizer,
     Precision,
@@ -128,6 +129,11 @@ PARAMETERS: dict[str, Param] = {
               choices=tuple(t.value for t in Trainer)),
         Param("reference", str, DEFAULTS.reference.value, "the trainer's reference model: default (as its config "
               "defaults it), resident, or none (precompute_ref_log_probs)", choices=tuple(r.value for r in Reference)),
+        Param("loss", str, DEFAULTS.loss.value, "the user's loss kernel when no launch_dir says: standard "
+              "(transformers' loss over the logits), liger-flce (Liger's fused linear cross-entropy) or cce (Cut "
+              "Cross-Entropy)", choices=tuple(m.value for m in Loss)),
+        Param("offload_activations", bool, DEFAULTS.offload_activations, "the user's activation offloading (TRL's "
+              "activation_offloading) when no launch_dir says"),
         Param("lora_targets", str, ",".join(DEFAULTS.lora_targets), "the user's LoRA target modules, "
               f"comma-separated (names of the model's nn.Linear modules, or {ALL_LINEAR})",
               canonical=_lora_targets),
