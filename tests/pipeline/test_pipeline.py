@@ -21,7 +21,8 @@ from oomlab.report.results import read_results, write_results
 pytestmark = pytest.mark.heavy  # starts kernels: `pytest -m "not heavy"` leaves it out
 
 ACCEPTED = ("attention, batch, checkpointing, device, dtype, gpu, gpus, host_ram, launch_dir, lora_rank, lora_targets, "
-            "message_format, method, model, non_pytorch_mib, optimizer, precision, seq, strategy, trace")
+            "loss, message_format, method, model, non_pytorch_mib, offload_activations, optimizer, precision, "
+            "reference, seq, strategy, trace, trainer, versions")
 DEFAULTS = {
     "model": "llama-13b",
     "dtype": "float16",
@@ -43,6 +44,11 @@ DEFAULTS = {
     "launch_dir": None,
     "host_ram": "auto",
     "trace": True,
+    "trainer": "sft",
+    "reference": "default",
+    "versions": None,
+    "loss": "standard",
+    "offload_activations": False,
 }
 
 
