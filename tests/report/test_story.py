@@ -224,3 +224,13 @@ def test_the_accuracy_statement_cites_the_setup_class_on_real_gpus() -> None:
     text = story.accuracy({"plan": {"decision": {"verdict": {"margin": m.to_dict()}}}})
     assert "For lora runs" in text and m.worst_row in text and f"{m.fraction:.0%} margin" in text
     assert "MemTracker" not in text and "±" not in text
+
+
+def test_a_fix_no_launch_file_runs_says_so() -> None:
+    """A recommended remedy with no launch command (pure half precision: train.py trains fp32 weights) is told to be
+    made in the user's own launch, not printed as an empty command."""
+    r = {"plan": {"recommended": {"name": "one GPU · full fine-tuning · bf16 · adamw", "per_gpu_peak_bytes": 2**30,
+                                  "host_ram_bytes": 2**30}, "outcome": "a remedy fits", "decision": None,
+                  "launch_command": None, "config_dir": "configs"}}
+    text = story.recommended_fix(r)
+    assert "writes no launch file for this remedy" in text and "<pre>" not in text

@@ -336,10 +336,13 @@ def recommended_fix(r: dict[str, Any]) -> str:
                       + (f" ({md_text('; '.join(s['slower_by']))})" if s["slower_by"] else "") for s in steps)
     ladder = ("\n\nThe least disruptive change that fits with the margin, rung by rung (each kept only if the fit "
               f"needs it):\n\n{rungs}\n\n") if steps else " "
-    return (f"**{md_text(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
-            f"{format_size(rec['host_ram_bytes'])}.{ladder}The files are in {md_code(plan['config_dir'])} (the "
-            f"training script `train.py`, `LAUNCH.md` with every command); run there:\n\n"
-            f"<pre>{esc(shell_lines(plan['launch_command']))}</pre>")
+    head = (f"**{md_text(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
+            f"{format_size(rec['host_ram_bytes'])}.{ladder}")
+    if not plan.get("launch_command"):  # pure half precision or a device_map placement: no file of oomlab's runs it
+        return (head + "oomlab writes no launch file for this remedy (its `train.py` runs one process per GPU with "
+                "fp32 trained weights): make the changes above in your own launch, and keep the margin.")
+    return (head + f"The files are in {md_code(plan['config_dir'])} (the training script `train.py`, `LAUNCH.md` with "
+            f"every command); run there:\n\n<pre>{esc(shell_lines(plan['launch_command']))}</pre>")
 
 
 def shell_lines(command: str, width: int = 48) -> str:
