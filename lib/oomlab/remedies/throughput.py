@@ -100,8 +100,9 @@ def describe_assumptions(gpu: GPUSpec, assumptions: Assumptions) -> list[str]:
         f"tokens/s at the largest micro-batch that fits at the target length, capped at "
         f"{assumptions.throughput_batch_cap}",
         "device_map='auto' runs one GPU at a time (a naive pipeline): n GPUs give one GPU's throughput",
-        "QLoRA counted at the same MFU (NB: bitsandbytes dequantizes each 4-bit weight before its matmul, so it "
-        "runs slower in practice)",
+        f"QLoRA: the same MFU, plus each 4-bit weight dequantized per forward, backward and recomputed forward "
+        f"({DEQUANTIZE_BYTES_PER_PARAM_PASS:g} B per parameter per pass at the GPU's memory bandwidth; NB: a lower "
+        "bound, bitsandbytes' kernels run slower than their memory traffic on small matrices)",
     ]
 
 
