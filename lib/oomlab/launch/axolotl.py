@@ -28,7 +28,6 @@ from oomlab.core.choices import Method, Optimizer, Precision, Reference, Trainer
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ALL_LINEAR
-from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims
 from oomlab.launch.command import LaunchCommand
 from oomlab.launch.framework import (
@@ -49,6 +48,7 @@ from oomlab.launch.read import (
     attention_of,
     bool_value,
     int_value,
+    optimizer_of,
     targets_of,
 )
 
@@ -106,10 +106,7 @@ def read_axolotl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gp
     _attention(claims, look)
     hit = look("optimizer")
     if hit[0] and hit[1] is not None:
-        name = str(hit[1]).lower()
-        if name not in K.OPTIM_NAMES:
-            raise UnknownNameError(f"optimizer ({hit[2]})", name, K.OPTIM_NAMES, "the optimizers oomlab budgets")
-        claims.say("optimizer", K.OPTIM_NAMES[name], hit[2])
+        claims.say("optimizer", optimizer_of(hit[1], hit[2]), hit[2])
     else:
         say_default(claims, "optimizer", Optimizer.ADAMW_FUSED, VERSION, "optimizer='adamw_torch_fused' "
                     "(utils/schemas/training.py:122-123)")

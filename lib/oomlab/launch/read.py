@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
-from oomlab.core.choices import Attention, Method, Precision, choice, plain
+from oomlab.core.choices import Attention, Method, Optimizer, Precision, choice, plain
 from oomlab.core.errors import InvalidValueError, LaunchConflictError, UnknownNameError
 from oomlab.core.models import ALL_LINEAR
 from oomlab.core.setup import TrainingSetup
@@ -207,10 +207,7 @@ def training_claims(claims: Claims, look: Lookup, is_json: bool) -> dict[str, An
             claims.say("checkpointing", bool_value(hit[1], hit[2]), hit[2])
     hit = look("optim")
     if hit[0] and hit[1] is not None:
-        name = str(hit[1]).lower()
-        if name not in K.OPTIM_NAMES:
-            raise UnknownNameError(f"optimizer ({hit[2]})", name, K.OPTIM_NAMES, "the optimizers oomlab budgets")
-        claims.say("optimizer", K.OPTIM_NAMES[name], hit[2])
+        claims.say("optimizer", optimizer_of(hit[1], hit[2]), hit[2])
     hit = look("attn_implementation")
     if hit[0] and hit[1] is not None:
         claims.say("attention", attention_of(hit[1], hit[2]), hit[2])
@@ -256,6 +253,15 @@ def targets_of(value: Any) -> tuple[str, ...]:
             return (ALL_LINEAR,)
         return tuple(t.strip("'\"") for t in text.replace(",", " ").split() if t.strip("'\""))
     return tuple(str(t) for t in value)
+
+
+def optimizer_of(value: Any, origin: Origin | str) -> Optimizer:
+    """A launch's optimizer name (the HF Trainer's ``optim`` spellings) as oomlab's choice; an unknown one refused
+    with the names oomlab budgets."""
+    name = str(value).lower()
+    if name not in K.OPTIM_NAMES:
+        raise UnknownNameError(f"optimizer ({origin})", name, K.OPTIM_NAMES, "the optimizers oomlab budgets")
+    return K.OPTIM_NAMES[name]
 
 
 def attention_of(value: Any, origin: Origin) -> Attention:

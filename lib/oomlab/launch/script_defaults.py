@@ -13,13 +13,13 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from oomlab.core.errors import LaunchFileError, UnknownNameError
+from oomlab.core.errors import LaunchFileError
 from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import LaunchCommand
 from oomlab.launch.files import read_launch_text
 from oomlab.launch.origin import Origin, file_origin
-from oomlab.launch.read import MAX_BATCH, MAX_SEQ, bool_value, int_value
+from oomlab.launch.read import MAX_BATCH, MAX_SEQ, bool_value, int_value, optimizer_of
 
 # the script options read, by the field they set
 _FIELDS = {**{k: "seq" for k in K.SEQ_KEYS}, **{k: "batch" for k in K.BATCH_KEYS},
@@ -90,7 +90,4 @@ def _value(field_name: str, value: Any, origin: Origin) -> Any:
         return int_value(value, origin, MAX_BATCH)
     if field_name == "checkpointing":
         return bool_value(value, origin)
-    name = str(value).lower()
-    if name not in K.OPTIM_NAMES:
-        raise UnknownNameError(f"optimizer ({origin})", name, K.OPTIM_NAMES, "the optimizers oomlab budgets")
-    return K.OPTIM_NAMES[name]
+    return optimizer_of(value, origin)
