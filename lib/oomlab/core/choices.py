@@ -212,6 +212,21 @@ class Loss(Choice):
         return self is not Loss.STANDARD
 
 
+class BaseDtype(Choice):
+    """The dtype LoRA's frozen base weights are stored in, as ``from_pretrained`` loaded them (full fine-tuning's
+    weights follow :class:`Precision`).
+
+    - ``half``: the precision's half dtype (``torch_dtype=torch.bfloat16`` / ``float16``, or transformers 5's
+      ``dtype="auto"`` over a half checkpoint): 2 bytes per frozen parameter.
+    - ``float32``: loaded in fp32 -- transformers 4.x without ``torch_dtype``, TRL's ``ModelConfig`` ``dtype``
+      ``float32``: 4 bytes per frozen parameter; under autocast each frozen projection's half copy is made per op
+      and kept for the input gradient, and the fp32 embedding and norms make the residual stream fp32.
+    """
+
+    HALF = "half"  # the precision's half dtype
+    FP32 = "float32"  # from_pretrained's fp32 default (transformers 4.x without torch_dtype)
+
+
 class Route(Choice):
     """How one training run lays the model out over the GPUs of a node."""
 
