@@ -44,6 +44,7 @@ from oomlab.core.prices import (
 )
 from oomlab.core.search import largest_true
 from oomlab.core.setup import MAX_GPUS_PER_NODE, MAX_NODES, TrainingSetup, make_setup
+from oomlab.remedies.peak_floor import Floor, PeakFloors
 from oomlab.remedies.placement import DeviceMapPlacement
 from oomlab.remedies.plan import HEADROOM_GAIN, Candidate, fold_label_twins, plan_grid, rank_key, recommend
 from oomlab.remedies.remedy import Evaluation, Evaluator, Remedy, caveats, evaluate_remedy, reason, remedy_name
@@ -67,7 +68,8 @@ class HardwareOption:
     remedy: Remedy | None  # the plan's recommendation on this hardware; None when nothing it could recommend fits
     reason: str  # why it fits, or why nothing does (the closest candidate)
     candidates: int  # configurations the plan could recommend here
-    budgeted: int  # of which budgeted before the bound stopped the search
+    budgeted: int  # of which the search reached before the speed bound stopped it (each budgeted, or shown not to
+    # fit by its floor, :mod:`oomlab.remedies.peak_floor`)
     price: RowPrice | None  # None: the price table lists no instance with this GPU
     gpu_capacity_bytes: int
 
@@ -217,30 +219,58 @@ def _powers_of_two_to(name: str, top: int, ceiling: int) -> tuple[int, ...]:
     return tuple(counts) if counts[-1] == top else (*counts, top)
 
 
-def _closest(evaluated: Sequence[tuple[Evaluation, Candidate]], n_candidates: int, host_ram_bytes: int) -> str:
-    """Why nothing fits: the candidate closest to fitting (fits the GPUs if any does, else the smallest peak)."""
+def _closest(reached: Sequence[tuple[Evaluation | Floor, Candidate]], n_candidates: int, host_ram_bytes: int,
+             evaluator: Evaluator) -> str:
+    """Why nothing fits: the candidate closest to fitting (fits the GPUs if any does, else the smallest peak; the first
+    reached among equals).  A candidate skipped by its floor is budgeted when its floor could make it the closest
+    (a floor's key is never above its budget's: branch and bound, exact)."""
     if not n_candidates:
         return "nothing the plan could recommend runs on this hardware (every configuration is dropped)"
-    ev, c = min(evaluated, key=lambda e: (not e[0].gpu_fits, e[0].per_gpu_peak_bytes))
+    rows = list(reached)
+    while True:
+        i = min(range(len(rows)), key=lambda j: (_closeness(rows[j][0], rows[j][1]), j))
+        got, c = rows[i]
+        if isinstance(got, Evaluation):
+            break
+        rows[i] = (evaluator(c.setup, route=c.route), c)
     name = remedy_name(c.route, c.strategy, c.method, c.precision, c.optimizer, c.checkpointing, c.setup.lora_rank)
-    return f"none of {n_candidates} configurations fits; the closest, {name}: {reason(ev, c.setup, host_ram_bytes)}"
+    return f"none of {n_candidates} configurations fits; the closest, {name}: {reason(got, c.setup, host_ram_bytes)}"
+
+
+def _closeness(got: Evaluation | Floor, c: Candidate) -> tuple[bool, int]:
+    """How far from fitting: (misses the GPUs, per-GPU peak); of a floor, a lower bound of its budget's."""
+    if isinstance(got, Evaluation):
+        return not got.gpu_fits, got.per_gpu_peak_bytes
+    return got.peak_bytes > c.setup.gpu.total_memory_bytes, got.peak_bytes
 
 
 class _MemoEvaluator(Evaluator):
     """The plan's evaluator, remembering each process-per-GPU evaluation: the winners' full budgets
-    (:func:`evaluate_remedy`) repeat the micro-batches the search already budgeted."""
+    (:func:`evaluate_remedy`) repeat the micro-batches the search already budgeted; each is also recorded in the
+    search's ``floors`` (for the other GPU types)."""
 
-    def __init__(self, host_ram_bytes: int, outside_bytes: int | None) -> None:
+    def __init__(self, host_ram_bytes: int, outside_bytes: int | None, floors: PeakFloors | None = None) -> None:
         super().__init__(host_ram_bytes, outside_bytes)
         self._seen: dict[tuple, Evaluation] = {}
+        self._floors = floors
 
     def __call__(self, setup: TrainingSetup, placement: DeviceMapPlacement | None = None,
                  route: Route = Route.PROCESS_PER_GPU) -> Evaluation:
         if placement is not None or route is not Route.PROCESS_PER_GPU:
             return super().__call__(setup, placement, route)
         if setup not in self._seen:
-            self._seen[setup] = super().__call__(setup, placement, route)
+            ev = self._seen[setup] = super().__call__(setup, placement, route)
+            if self._floors is not None:
+                self._floors.record(setup, ev.result)
         return self._seen[setup]
+
+    def cannot_fit(self, setup: TrainingSetup, route: Route, batch: int | None = None) -> Floor | None:
+        """The floor of ``setup`` (at micro-batch ``batch``) when it shows the setup cannot fit, else None (unknown, or
+        it might fit: budget it)."""
+        if self._floors is None or route is not Route.PROCESS_PER_GPU:
+            return None
+        floor = self._floors.floor(setup, batch)
+        return None if floor is None or floor.fits(setup.gpu, self.host_ram_bytes) else floor
 
 
 def _sound_axes(spec: ModelSpec, gpu: GPUSpec) -> tuple[tuple[Precision, ...], tuple[Optimizer, ...]]:
@@ -258,9 +288,13 @@ def _sound_axes(spec: ModelSpec, gpu: GPUSpec) -> tuple[tuple[Precision, ...], t
 def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes: int, *, seq: int,
             methods: tuple[Method, ...], attention: str = "sdpa", lora_rank: int = 8,
             assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
-            outside_bytes: int | None = None) -> tuple[Remedy | None, str, int, int]:
+            outside_bytes: int | None = None, floors: PeakFloors | None = None) -> tuple[Remedy | None, str, int, int]:
     """The plan's recommendation on ``nodes`` × ``gpus`` × ``gpu`` (the remedy, or None with the reason), with the
-    number of candidates and of those budgeted: branch and bound on the tokens/s each could reach."""
+    number of candidates and of those the search reached: branch and bound on the tokens/s each could reach.
+
+    ``floors``: the search's budgets so far (:class:`~oomlab.remedies.peak_floor.PeakFloors`, filled here too): a
+    candidate whose floor on this GPU cannot fit is not budgeted (counted as reached); None budgets every candidate
+    reached (the reference the tests compare with)."""
     precisions, optimizers = _sound_axes(spec, gpu)
     cands = [c for c in plan_grid(spec, gpu, gpus, nodes, batch=1, seq=seq, attention=attention,
                                   lora_rank=lora_rank, methods=methods, precisions=precisions,
@@ -271,31 +305,36 @@ def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes
         bound = step_time(c.setup, assumptions, c.route, batch=cap).tokens_per_s
         bounded.append((rank_key(True, True, bound, c.optimizer, 0)[2], bound, i, c))
     bounded.sort(key=lambda t: (t[0], t[2]))  # best bound first, then the plan's order
-    evaluator = _MemoEvaluator(host_ram_bytes, outside_bytes)
+    evaluator = _MemoEvaluator(host_ram_bytes, outside_bytes, floors)
     # recommend() may prefer a remedy within speed_uncertainty of the fastest for its headroom: budget every candidate
     # that could be that close (NB: 0.995 covers the fastest's rounding to 3 significant figures)
     keep = (1 - assumptions.speed_uncertainty) * 0.995
     found: list[tuple[tuple, Candidate, Evaluation, float]] = []
-    evaluated: list[tuple[Evaluation, Candidate]] = []
+    reached: list[tuple[Evaluation | Floor, Candidate]] = []  # budgeted, or shown by its floor not to fit
     for _neg, bound, i, c in bounded:
         if found and bound < -min(found, key=lambda f: f[0])[0][2] * keep:
             break  # no candidate left can come within the uncertainty of the fastest found
+        floor = evaluator.cannot_fit(c.setup, c.route)
+        if floor is not None:
+            reached.append((floor, c))
+            continue
         ev = evaluator(c.setup, route=c.route)
-        evaluated.append((ev, c))
+        reached.append((ev, c))
         if not ev.fits:
             continue
         placement, known = ev.placement, {1: True}
 
         def fits_batch(b: int, c: Candidate = c, placement: Any = placement, known: dict = known) -> bool:
             if b not in known:
-                known[b] = evaluator(replace(c.setup, batch=b), placement, c.route).fits
+                known[b] = evaluator.cannot_fit(c.setup, c.route, b) is None and \
+                    evaluator(replace(c.setup, batch=b), placement, c.route).fits
             return known[b]
 
         b = cap if fits_batch(cap) else largest_true(fits_batch, 1, cap)
         tps = step_time(c.setup, assumptions, c.route, batch=b).tokens_per_s
         found.append(((*rank_key(True, True, tps, c.optimizer, ev.per_gpu_peak_bytes), i), c, ev, tps))
     if not found:
-        return None, _closest(evaluated, len(cands), host_ram_bytes), len(cands), len(evaluated)
+        return None, _closest(reached, len(cands), host_ram_bytes, evaluator), len(cands), len(reached)
     found.sort(key=lambda f: f[0])  # the plan's order (its sort is stable over the grid's order)
     _key, _c, best_ev, best_tps = found[0]
     gain = HEADROOM_GAIN * gpu.total_memory_bytes
@@ -312,7 +351,7 @@ def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes
                 for f in found if _twin_key(f) in groups for c in (f[1],)]
     folded = tuple(fold_label_twins(remedies, gpu.bf16))
     remedy = recommend(folded, assumptions.speed_uncertainty)[0] or folded[0]
-    return remedy, remedy.reason, len(cands), len(evaluated)
+    return remedy, remedy.reason, len(cands), len(reached)
 
 
 def _twin_key(f: tuple[tuple, Candidate, Evaluation, float]) -> tuple:
@@ -336,13 +375,16 @@ def search_hardware(
     lora_rank: int = 8,
     assumptions: Assumptions = DEFAULT_ASSUMPTIONS,
     outside_bytes: int | None = None,
+    use_floors: bool = True,
 ) -> HardwareSearch:
     """For every GPU type (``gpus``: default every shipped one) × 1, 2, 4, ... ``max_gpus`` per node (× each of
     ``nodes``; more than one node is searched with full nodes of ``max_gpus``), the plan's best remedy that fits.
 
     ``methods``: the methods the plan may choose (default all); ``host_ram``: host RAM per node for every row
     (default or ``"auto"``: each row's assumed machine, :func:`oomlab.core.prices.assumed_host_ram`); ``prices``: a
-    :class:`PriceTable` or the path of the user's JSON table (default: the shipped dated list prices).
+    :class:`PriceTable` or the path of the user's JSON table (default: the shipped dated list prices);
+    ``use_floors``: skip the candidates another GPU type's budget shows cannot fit (:mod:`.peak_floor`; the same
+    answer, faster), False to budget every candidate the search reaches.
     """
     start = time.perf_counter()
     spec = model if isinstance(model, ModelSpec) else load_model(model)
@@ -360,7 +402,7 @@ def search_hardware(
     auto = host_ram is None or (isinstance(host_ram, str) and host_ram.strip().lower() == HOST_RAM_AUTO)
     given_host = None if auto else resolve_host_ram(host_ram, "", 0).host_ram_bytes
     table = prices if isinstance(prices, PriceTable) else load_prices(prices)
-    options = []
+    options, floors = [], PeakFloors() if use_floors else None
     for gpu in gpu_specs:
         for n_nodes in searched_nodes:
             for count in counts if n_nodes == 1 else (max_gpus,):
@@ -371,7 +413,8 @@ def search_hardware(
                     host, host_source = assumed.host_ram_bytes, f"assumed: {assumed.source}"
                 remedy, why, n_cands, n_budgeted = best_on(
                     spec, gpu, count, n_nodes, host, seq=seq, methods=chosen, attention=attention,
-                    lora_rank=lora_rank, assumptions=assumptions, outside_bytes=outside_bytes)
+                    lora_rank=lora_rank, assumptions=assumptions, outside_bytes=outside_bytes,
+                    floors=floors)
                 options.append(HardwareOption(
                     gpu=gpu.name, display_name=gpu.display_name, gpus=count, nodes=n_nodes, host_ram_bytes=host,
                     host_ram_source=host_source, remedy=remedy, reason=why, candidates=n_cands,
