@@ -6,7 +6,8 @@ and transformers were imported.
 
 Targets (issue 21, medians on a quiet machine): ``plan --model llama-13b --gpu t4 --gpus 4`` at most 1 s, ``plan
 --model llama-2-70b --any-gpu`` at most 1.5 s.  ``--before REV`` times the ``lib/`` of an earlier commit the same way
-(``git archive`` into a temporary folder, run with the same interpreter).  Nothing is written unless ``--write`` names
+(``git archive`` into a temporary folder, run with the same interpreter), the two trees taking turns run by run so a
+change in the machine's load falls on both alike.  Nothing is written unless ``--write`` names
 a file.
 
 accelerate's ``estimate-memory`` asks the Hub for the model's metadata first (``verify_on_hub``), which an offline
@@ -53,30 +54,37 @@ CASES = (
 )
 
 
-def cold_times(command: list[str], env: dict[str, str], repeat: int) -> tuple[list[float], str]:
-    """Wall times of ``command`` in fresh processes, and what its last run imported (torch, transformers)."""
-    times, imported = [], "?"
-    for _ in range(repeat):
-        start = time.perf_counter()
-        proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
-        times.append(time.perf_counter() - start)
-        if proc.returncode:
-            raise RuntimeError(f"{' '.join(command)} failed ({proc.returncode}): {proc.stderr[-1000:]}")
-        last = proc.stderr.strip().splitlines()[-1].split()
-        imported = ", ".join(n for n, flag in zip(("torch", "transformers"), last, strict=True) if flag == "True") \
-            or "neither"
-    return times, imported
+def cold_run(command: list[str], env: dict[str, str]) -> tuple[float, str]:
+    """Wall time of ``command`` in a fresh process, and what it imported (torch, transformers)."""
+    start = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed ({proc.returncode}): {proc.stderr[-1000:]}")
+    last = proc.stderr.strip().splitlines()[-1].split()
+    return seconds, ", ".join(n for n, flag in zip(("torch", "transformers"), last, strict=True) if flag == "True") \
+        or "neither"
 
 
-def time_tree(lib: Path, repeat: int, tmp: Path) -> list[tuple[str, list[float], str, float | None]]:
-    env = {**os.environ, "PYTHONPATH": str(lib), "HF_HUB_OFFLINE": "1"}
-    rows = [(label, *cold_times([sys.executable, "-c", PROBE, *argv], env, repeat), target)
-            for label, argv, target in CASES]
+def time_trees(libs: list[Path], repeat: int, tmp: Path) -> list[list[tuple[str, list[float], str, float | None]]]:
+    """Each case's cold times for each ``lib/`` (rows per tree), the trees taking turns run by run so that a change
+    in the machine's load falls on all of them alike."""
     folder = tmp / "llama-13b"
     folder.mkdir(exist_ok=True)
     shutil.copy(REPO / "lib/oomlab/specs/models/llama-13b.json", folder / "config.json")
-    rows.append(("accelerate estimate-memory llama-13b (Hub lookup stubbed)",
-                 *cold_times([sys.executable, "-c", ACCELERATE, str(folder)], env, repeat), None))
+    cases = [(label, ["-c", PROBE, *argv], target) for label, argv, target in CASES]
+    cases.append(("accelerate estimate-memory llama-13b (Hub lookup stubbed)", ["-c", ACCELERATE, str(folder)], None))
+    envs = [{**os.environ, "PYTHONPATH": str(lib), "HF_HUB_OFFLINE": "1"} for lib in libs]
+    rows: list[list[tuple[str, list[float], str, float | None]]] = [[] for _ in libs]
+    for label, argv, target in cases:
+        times: list[list[float]] = [[] for _ in libs]
+        imported = ["?"] * len(libs)
+        for _ in range(repeat):
+            for k, env in enumerate(envs):
+                seconds, imported[k] = cold_run([sys.executable, *argv], env)
+                times[k].append(seconds)
+        for k in range(len(libs)):
+            rows[k].append((label, times[k], imported[k], target))
     return rows
 
 
@@ -97,17 +105,19 @@ def main() -> None:
     parser.add_argument("--before", metavar="REV", help="also time the lib/ of this earlier commit")
     parser.add_argument("--write", metavar="FILE", type=Path, help="also write the tables (markdown) to FILE")
     args = parser.parse_args()
-    out = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
+        libs, titles = [REPO / "lib"], [f"this tree, {args.repeat} cold runs each"]
         if args.before:
             archive = subprocess.run(["git", "-C", str(REPO), "archive", args.before, "lib"], check=True,
                                      capture_output=True).stdout
             with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
                 tar.extractall(Path(tmp) / "before", filter="data")
-            out.append(table(f"lib/ at {args.before}, {args.repeat} cold runs each",
-                             time_tree(Path(tmp) / "before" / "lib", args.repeat, Path(tmp))))
-        out.append(table(f"this tree, {args.repeat} cold runs each", time_tree(REPO / "lib", args.repeat, Path(tmp))))
+            libs.insert(0, Path(tmp) / "before" / "lib")
+            titles.insert(0, f"lib/ at {args.before}, {args.repeat} cold runs each (taking turns with this tree)")
+        out = [table(title, rows) for title, rows in zip(titles, time_trees(libs, args.repeat, Path(tmp)), strict=True)]
     text = "\n\n".join(out) + f"\n\n(python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average " \
+        f"{json.dumps([round(x, 2) for x in load_before])} at the start, " \
         f"{json.dumps([round(x, 2) for x in os.getloadavg()])} at the end)\n"
     print(text)
     if args.write:

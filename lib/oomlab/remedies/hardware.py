@@ -311,8 +311,9 @@ def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes
     keep = (1 - assumptions.speed_uncertainty) * 0.995
     found: list[tuple[tuple, Candidate, Evaluation, float]] = []
     reached: list[tuple[Evaluation | Floor, Candidate]] = []  # budgeted, or shown by its floor not to fit
+    fastest = 0.0  # the fastest found's tokens/s, to 3 significant figures (its rank key's)
     for _neg, bound, i, c in bounded:
-        if found and bound < -min(found, key=lambda f: f[0])[0][2] * keep:
+        if found and bound < fastest * keep:
             break  # no candidate left can come within the uncertainty of the fastest found
         floor = evaluator.cannot_fit(c.setup, c.route)
         if floor is not None:
@@ -333,6 +334,7 @@ def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes
         b = cap if fits_batch(cap) else largest_true(fits_batch, 1, cap)
         tps = step_time(c.setup, assumptions, c.route, batch=b).tokens_per_s
         found.append(((*rank_key(True, True, tps, c.optimizer, ev.per_gpu_peak_bytes), i), c, ev, tps))
+        fastest = max(fastest, -found[-1][0][2])
     if not found:
         return None, _closest(reached, len(cands), host_ram_bytes, evaluator), len(cands), len(reached)
     found.sort(key=lambda f: f[0])  # the plan's order (its sort is stable over the grid's order)
