@@ -82,6 +82,10 @@ def test_one_layer_scales_at_full_width(name: str, layers: int, knobs: dict, siz
         {"method": "lora", "precision": "fp16-mixed"},
         {"method": "lora", "precision": "fp16", "lora_targets": "q_proj,v_proj,gate_proj,up_proj,down_proj"},
         {"method": "lora", "precision": "fp32", "attention": "eager", "lora_targets": "o_proj,down_proj"},
+        # a base loaded in fp32 under autocast: fp32 stream and norms, autocast's half weight copies kept
+        {"method": "lora", "precision": "bf16-mixed", "base_dtype": "float32", "lora_targets": "q_proj,v_proj"},
+        {"method": "lora", "precision": "fp16-mixed", "base_dtype": "float32",
+         "lora_targets": "o_proj,gate_proj,down_proj"},
     ],
 )
 @pytest.mark.parametrize("model", ["llama-7b", "llama-3.2-1b"])

@@ -97,6 +97,21 @@ def kbit_upcast(setup: TrainingSetup) -> bool:
     return setup.method is Method.QLORA and regime(setup) is Regime.AUTOCAST and states.kbit_upcast(setup)
 
 
+def fp32_base(setup: TrainingSetup) -> bool:
+    """LoRA over a base loaded in fp32 (:func:`.states.fp32_loaded_base`) under autocast.
+
+    The fp32 embedding's output makes the residual stream fp32 and the fp32 norms' outputs stay fp32 (as under peft's
+    kbit upcast); each frozen projection's ``F.linear`` gets autocast's half casts of its input and weight -- not
+    cached, as autocast caches only leaves that require a gradient (aten/src/ATen/autocast_mode.cpp
+    ``cached_cast``) -- and ``mm`` keeps the weight's cast for the input's gradient wherever that gradient is needed
+    (its input's own cast only when the weight needs one): a half copy of every frozen weight past the first adapter,
+    the head's included; the projections' outputs are half.  Measured under FakeTensorMode by the layer trace
+    (tests/budget/test_fp32_base.py).
+    """
+    return (setup.method is Method.LORA and regime(setup) is Regime.AUTOCAST and not setup.strategy.fsdp
+            and states.fp32_loaded_base(setup))  # FSDP1 gathers the flat parameters in its half param_dtype
+
+
 def saves_4bit_input(setup: TrainingSetup) -> bool:
     """QLoRA under bitsandbytes before 0.43.2: ``MatMul4Bit`` keeps every 4-bit projection's input (in the compute
     dtype) whenever it needs a gradient (:attr:`~oomlab.core.versions.Fact.BNB_DROPS_SAVED_INPUT`)."""
@@ -125,7 +140,7 @@ def stream_bytes(setup: TrainingSetup) -> int:
     r = regime(setup)
     if r is Regime.FP32:
         return FP32
-    if r is Regime.AUTOCAST and (setup.method is Method.FULL or kbit_upcast(setup)):
+    if r is Regime.AUTOCAST and (setup.method is Method.FULL or kbit_upcast(setup) or fp32_base(setup)):
         return FP32  # fp32 embedding output, fp32 + half residual adds promote to fp32
     return HALF
 
@@ -137,7 +152,7 @@ def _lora_members(setup: TrainingSetup) -> set[str]:
 def _key(setup: TrainingSetup) -> tuple:
     """What the inventories depend on (hashing the whole setup costs more than building them)."""
     return (setup.model, setup.precision._value_, setup.method._value_, setup.attention._value_, setup.seq,
-            setup.lora_rank, setup.lora_targets, kbit_upcast(setup), saves_4bit_input(setup))
+            setup.lora_rank, setup.lora_targets, kbit_upcast(setup), saves_4bit_input(setup), fp32_base(setup))
 
 
 _INVENTORIES: BoundedMemo[tuple, tuple[SavedTensor, ...]] = BoundedMemo()
@@ -166,6 +181,7 @@ def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ..
     c = FP32 if r is Regime.FP32 else HALF  # compute dtype of activations
     stream = stream_bytes(setup)
     upcast = kbit_upcast(setup)
+    frozen32 = fp32_base(setup)  # frozen fp32 projections: autocast's half weight copies kept for backward
     mlp = FP32 if upcast else c  # Linear4bit hands back its input's dtype: fp32 gate and up under the upcast
     old_bnb = saves_4bit_input(setup)
     rank = setup.lora_rank
@@ -192,6 +208,9 @@ def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ..
                 out.append(SavedTensor(f"{label}: half input casts x{len(members)}", len(members) * HALF * n_in))
             elif not kept:
                 out.append(SavedTensor(f"{label}: input", input_bytes * n_in))
+        if frozen32 and grad:  # mm keeps the weight's half cast for the input's gradient
+            copies = sum(n_in * dims[m][1] for m in members)
+            out.append(SavedTensor(f"{label}: autocast half copies of the frozen fp32 weights", 0, HALF * copies))
         if old_bnb and grad:  # MatMul4Bit's ctx.tensors = (A, B): A in the compute dtype, once per call
             if input_bytes != HALF:  # Linear4bit casts an fp32 input to the compute dtype: a copy per projection
                 out.append(SavedTensor(f"{label}: 4-bit input casts x{len(members)}", len(members) * HALF * n_in))
@@ -215,7 +234,7 @@ def _layer_inventory(setup: TrainingSetup, first: bool) -> tuple[SavedTensor, ..
             out.append(SavedTensor(f"{m}: lora_A output", a_out * rank, fixed))
         return full or bool(targeted)
 
-    norm_out = FP32 if (r is Regime.FP32 or (r is Regime.AUTOCAST and (full or upcast))) else HALF
+    norm_out = FP32 if (r is Regime.FP32 or (r is Regime.AUTOCAST and (full or upcast or frozen32))) else HALF
     norm("input_layernorm")
     grad = linear_inputs("q/k/v", ("q_proj", "k_proj", "v_proj"), h, norm_out, kept=False) or grad
     output_kept = False  # is the attention output (o_proj's input) saved by the attention itself?
@@ -270,8 +289,9 @@ def _model_inventory(setup: TrainingSetup) -> tuple[SavedTensor, ...]:
         out.append(SavedTensor("lm_head: input", (FP32 if r is Regime.FP32 else HALF) * h))
         if r is Regime.AUTOCAST:
             out.append(SavedTensor("autocast half copy of lm_head", 0, HALF * v * h))
-    elif kbit_upcast(setup):  # the frozen fp32 head: autocast's half copy of its weight, kept for the input gradient
-        out.append(SavedTensor("autocast half copy of the fp32 lm_head (peft's upcast)", 0, HALF * v * h))
+    elif kbit_upcast(setup) or fp32_base(setup):  # the frozen fp32 head: its half autocast copy, kept for the input
+        why = "peft's upcast" if kbit_upcast(setup) else "loaded in fp32"  # gradient
+        out.append(SavedTensor(f"autocast half copy of the fp32 lm_head ({why})", 0, HALF * v * h))
     out.append(SavedTensor("loss: fp32 log-softmax of the logits", FP32 * v))
     out.append(SavedTensor("loss: labels", INDEX))
     return tuple(out)
@@ -323,7 +343,7 @@ def probe(setup: TrainingSetup) -> Probe:
     if r is Regime.FP32:
         dtypes = StepDTypes("float32", None, False, None)
     elif r is Regime.AUTOCAST:
-        dtypes = StepDTypes(half if lora else "float32", half, lora, None)
+        dtypes = StepDTypes(half if lora and not fp32_base(setup) else "float32", half, lora, None)
     elif r is Regime.HALF:
         dtypes = StepDTypes(half, None, lora, None)
     else:  # POLICY: every parameter gathered in half, adapters included
@@ -340,7 +360,8 @@ def layer_trace(setup: TrainingSetup) -> LayerTrace:
     """The setup's one-layer trace, memoised on what it depends on (QLoRA's frozen 4-bit base saves as LoRA's)."""
     window = setup.model.sliding_window
     key = (setup.model, regime(setup), setup.method is Method.FULL, setup.precision._value_, setup.attention._value_,
-           setup.lora_rank, setup.lora_targets, window is not None and setup.seq >= window, setup.batch == 1)
+           setup.lora_rank, setup.lora_targets, window is not None and setup.seq >= window, setup.batch == 1,
+           fp32_base(setup))
     found = _TRACES.get(key)
     if found is None:
         found = _TRACES[key] = trace_layers(setup.model, probe(setup))

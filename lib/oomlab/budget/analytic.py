@@ -111,6 +111,9 @@ def launch_note(setup: TrainingSetup) -> str:
     if states.kbit_upcast(setup):
         precision += (f"; the frozen base in 4 bits (computed in {half}), its other parameters upcast to fp32 by "
                       "peft's prepare_model_for_kbit_training, peft's adapters in fp32")
+    elif states.fp32_loaded_base(setup):
+        precision += ("; the frozen base kept in fp32 as from_pretrained loaded it (base dtype float32), autocast's "
+                      f"{half} copies of its weights made per op and kept for backward, peft's adapters in fp32")
     elif setup.method is not Method.FULL and setup.precision is not Precision.FP32:
         precision += f"; the frozen base stored in {half}, peft's adapters in fp32"
     return precision + "; " + _OPTIMIZER_NOTES[setup.optimizer]
@@ -172,7 +175,8 @@ def sft_estimate(setup: TrainingSetup, outside_bytes: int | None = None,
     components = dict(at_peak)
     components[MemCategory.ALLOCATOR_OVERHEAD] = round(ALLOCATOR_FRAGMENTATION * transient) + 2 * MiB
     components[MemCategory.OUTSIDE_PYTORCH] = outside
-    key = (setup.strategy, setup.precision, setup.method, setup.optimizer, states.kbit_upcast(setup))
+    key = (setup.strategy, setup.precision, setup.method, setup.optimizer, states.kbit_upcast(setup),
+           states.fp32_loaded_base(setup))
     if key not in _LAUNCH_NOTES:
         _LAUNCH_NOTES[key] = launch_note(setup)
     notes = (

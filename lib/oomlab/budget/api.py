@@ -39,6 +39,7 @@ def estimate(
     reference: str = DEFAULTS.reference.value,
     loss: str = DEFAULTS.loss.value,
     offload_activations: bool = DEFAULTS.offload_activations,
+    base_dtype: str = DEFAULTS.base_dtype.value,
     source: str = "analytic",
     outside_bytes: int | None = None,
     deepspeed: DeepSpeedSettings | None = None,
@@ -55,7 +56,8 @@ def estimate(
     ``reference`` its reference model (``default``, ``resident``, ``none``): :mod:`oomlab.budget.trainers`.
     ``loss``: ``standard`` (transformers' loss over materialised logits), ``liger-flce`` (Liger's fused linear
     cross-entropy) or ``cce`` (Cut Cross-Entropy): :mod:`oomlab.budget.loss_kernels`; ``offload_activations``: TRL's
-    activation offloading (:mod:`oomlab.budget.activation_offload`).
+    activation offloading (:mod:`oomlab.budget.activation_offload`); ``base_dtype``: LoRA's frozen base as loaded,
+    ``half`` or ``float32`` (transformers 4.x without ``torch_dtype``; :func:`oomlab.budget.states.fp32_loaded_base`).
     ``deepspeed``: DeepSpeed's knobs for the ``zero*`` strategies (default: what the HF integration resolves
     ``"auto"`` to; read a user's JSON with :func:`oomlab.budget.deepspeed_config.read_deepspeed_config`).
     """
@@ -63,7 +65,7 @@ def estimate(
         raise UnknownNameError("source", source, SOURCES)
     args = (model, gpu, gpus, nodes, strategy, method, precision, optimizer, batch, seq, checkpointing, attention,
             lora_rank, lora_alpha, tuple(lora_targets) if isinstance(lora_targets, list) else lora_targets, trainer,
-            reference, loss, offload_activations)
+            reference, loss, offload_activations, base_dtype)
     try:
         setup = _validated_setup(*args, versions=versions)
     except TypeError:  # an unhashable argument: validate it without the memo (same result, same errors)

@@ -15,7 +15,7 @@ from oomlab.budget.loss_kernels import loss_note
 from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
 from oomlab.budget.trainers import trainer_terms
 from oomlab.core.choices import Optimizer, Precision, Strategy, Trainer
-from oomlab.core.defaults import launch_strategy
+from oomlab.core.defaults import DEFAULTS, launch_strategy
 from oomlab.core.errors import OomlabError
 from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.core.units import format_size
@@ -31,7 +31,9 @@ def render_budget(result: BudgetResult) -> str:
         f"seq {s.seq}, checkpointing {'on' if s.checkpointing else 'off'}, {s.attention.value}"
         + ("" if s.trainer is Trainer.SFT else f", trainer {s.trainer.value}")
         + (f", loss {s.loss.value}" if s.loss.fused else "")
-        + (", activations offloaded" if s.offload_activations else "") + f" [{result.source.value}]",
+        + (", activations offloaded" if s.offload_activations else "")
+        + (f", base loaded in {s.base_dtype.value}" if s.base_dtype is not DEFAULTS.base_dtype else "")
+        + f" [{result.source.value}]",
         f"peak in the {result.peak_phase.value} phase:",
     ]
     for category, value in sorted(result.components.items(), key=lambda kv: -kv[1]):

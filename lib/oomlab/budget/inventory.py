@@ -38,7 +38,7 @@ def model_states(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = Non
     """The setup's :class:`ModelStates`, memoised on what they depend on."""
     key = (setup.model, setup.method._value_, setup.precision._value_, setup.strategy._value_,
            setup.optimizer._value_, setup.gpus, setup.nodes, setup.lora_rank, setup.lora_targets, setup.checkpointing,
-           deepspeed, setup.versions)
+           deepspeed, setup.versions, setup.base_dtype._value_)
     found = _STATES.get(key)
     if found is None and setup.strategy.deepspeed:
         z = zero_states(setup, deepspeed)

@@ -15,7 +15,7 @@ from functools import lru_cache
 from oomlab.budget import sharding
 from oomlab.budget.result import MemCategory
 from oomlab.budget.sharding import Share
-from oomlab.core.choices import Method, Optimizer, Precision, Strategy
+from oomlab.core.choices import BaseDtype, Method, Optimizer, Precision, Strategy
 from oomlab.core.layouts import Family
 from oomlab.core.models import ModelSpec
 from oomlab.core.setup import TrainingSetup
@@ -106,16 +106,27 @@ def kbit_upcast(setup: TrainingSetup) -> bool:
             and setup.strategy in (Strategy.SINGLE, Strategy.DDP) and applies(Fact.PEFT_KBIT_UPCAST, setup.versions))
 
 
+def fp32_loaded_base(setup: TrainingSetup) -> bool:
+    """A frozen base (LoRA's, QLoRA's non-4-bit parameters) kept in the fp32 ``from_pretrained`` loaded it in
+    (:attr:`~oomlab.core.choices.BaseDtype.FP32`: transformers 4.x without ``torch_dtype``, TRL's ``ModelConfig``
+    default) under a mixed precision: autocast computes in half over it and nothing casts it -- except DeepSpeed,
+    which casts every parameter to half in place."""
+    return (setup.base_dtype is BaseDtype.FP32 and setup.method is not Method.FULL and setup.precision in MIXED
+            and not setup.strategy.deepspeed)
+
+
 def unquantized_bytes(setup: TrainingSetup) -> int:
-    """QLoRA: bytes per element of the parameters left unquantized (fp32 after peft's upcast, else half)."""
-    return 4 if kbit_upcast(setup) else 2
+    """QLoRA: bytes per element of the parameters left unquantized (fp32 after peft's upcast or as loaded in fp32,
+    else half)."""
+    return 4 if kbit_upcast(setup) or fp32_loaded_base(setup) else 2
 
 
 def half_weights(setup: TrainingSetup) -> bool:
     """Are the (base) weights stored in half precision?  (DeepSpeed casts every parameter to half in place.)"""
     if setup.precision in (Precision.FP16, Precision.BF16):
         return True
-    return setup.precision in MIXED and (setup.method is not Method.FULL or setup.strategy.deepspeed)
+    return setup.precision in MIXED and (setup.method is not Method.FULL or setup.strategy.deepspeed) \
+        and not fp32_loaded_base(setup)
 
 
 def param_bytes(setup: TrainingSetup) -> int:

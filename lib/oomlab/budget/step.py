@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Precision
+from oomlab.core.choices import FSDP1_STRATEGIES, BaseDtype, Method, Optimizer, Precision
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.models import Family, ModelSpec, model_from_config
 from oomlab.core.quiet import quiet_libraries
@@ -166,8 +166,9 @@ def step_dtypes(setup: TrainingSetup) -> StepDTypes:
         return StepDTypes("float32", None, False, None)
     half = precision.compute_dtype
     if precision in (Precision.FP16_MIXED, Precision.BF16_MIXED):
-        # full fine-tuning keeps fp32 parameters (master weights); a frozen base is stored in half
-        storage = half if adapters else "float32"
+        # full fine-tuning keeps fp32 parameters (master weights); a frozen base is stored in half unless it was
+        # loaded in fp32 (budget.states.fp32_loaded_base: DeepSpeed, never traced, would cast it)
+        storage = half if adapters and setup.base_dtype is not BaseDtype.FP32 else "float32"
         if setup.strategy in FSDP1_STRATEGIES:  # MixedPrecision(half x 3) + accelerate's autocast wrap
             return StepDTypes(storage, half, adapters, half)
         if setup.strategy.fsdp:  # FSDP2: MixedPrecisionPolicy(half), no autocast

@@ -45,7 +45,7 @@ from oomlab.budget.step import (
 )
 from oomlab.budget.tracker import OFFLOADED_CATEGORIES, TraceResult, budget_category, make_tracker, tracker_result
 from oomlab.core import paths
-from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Strategy, Trainer
+from oomlab.core.choices import FSDP1_STRATEGIES, BaseDtype, Method, Optimizer, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.files import write_json_atomic
 from oomlab.core.quiet import quiet_libraries
@@ -259,6 +259,8 @@ def cache_key(setup: TrainingSetup) -> str:
             continue  # a trace does not depend on the GPU model
         elif f.name in ("trainer", "reference", "loss", "offload_activations"):
             continue  # a trace is always the SFT step with transformers' loss (others are refused): keys hold
+        elif f.name == "base_dtype" and value is BaseDtype.HALF:
+            continue  # the default keeps the keys of the traces made before the field existed
         elif isinstance(value, enum.Enum):
             value = value.value
         fields[f.name] = value

@@ -11,6 +11,7 @@ from typing import Any
 
 from oomlab.core.choices import (
     Attention,
+    BaseDtype,
     Loss,
     MessageFormat,
     Method,
@@ -167,6 +168,11 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload-activations", action="store_true",
                         help="TRL's activation_offloading: saved activations in pinned host memory, the top layer's "
                         "kept on the GPU")
+    parser.add_argument("--base-dtype", choices=[d.value for d in BaseDtype], default=DEFAULTS.base_dtype.value,
+                        help="LoRA's frozen base as from_pretrained stored it: half = torch_dtype=bfloat16/float16 "
+                        "(or transformers 5's dtype='auto' over a half checkpoint); float32 = loaded without "
+                        "torch_dtype in transformers 4.x (or TRL's ModelConfig dtype default), twice the bytes, and "
+                        "autocast's half copies of its weights kept for backward")
 
 
 def add_loss_argument(parser: argparse.ArgumentParser, default: str | None) -> None:
@@ -199,7 +205,8 @@ def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "checkpointing": args.checkpointing, "attention": args.attention, "lora_rank": args.lora_rank,
             "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets, "trainer": args.trainer,
             "reference": args.reference, "loss": args.loss,
-            "offload_activations": args.offload_activations, "versions": args.versions}
+            "offload_activations": args.offload_activations, "base_dtype": args.base_dtype,
+            "versions": args.versions}
 
 
 def host_ram_argument(text: str) -> int | str:

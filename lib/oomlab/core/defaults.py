@@ -14,7 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oomlab.core.choices import Attention, Loss, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
+from oomlab.core.choices import (
+    Attention,
+    BaseDtype,
+    Loss,
+    Method,
+    Optimizer,
+    Precision,
+    Reference,
+    Strategy,
+    Trainer,
+    choice,
+)
 from oomlab.core.seed import SEED_DTYPE, SEED_GPU, SEED_GPUS, SEED_MODEL
 
 __all__ = ["DEFAULTS", "DEFAULT_LORA_ALPHA", "DEFAULT_LORA_TARGETS", "SetupDefaults", "launch_strategy"]
@@ -49,6 +60,7 @@ class SetupDefaults:
     reference: Reference = Reference.DEFAULT  # the trainer's reference model as its config defaults it
     loss: Loss = Loss.STANDARD  # transformers' loss over materialised logits (no Liger, no Cut Cross-Entropy)
     offload_activations: bool = False  # saved activations kept on the GPU (TRL's activation_offloading off)
+    base_dtype: BaseDtype = BaseDtype.HALF  # LoRA's frozen base stored in the precision's half dtype, as loaded
 
 
 DEFAULTS = SetupDefaults()

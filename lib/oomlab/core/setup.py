@@ -10,7 +10,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from oomlab.core.choices import Attention, Loss, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
+from oomlab.core.choices import (
+    Attention,
+    BaseDtype,
+    Loss,
+    Method,
+    Optimizer,
+    Precision,
+    Reference,
+    Strategy,
+    Trainer,
+    choice,
+)
 from oomlab.core.defaults import DEFAULT_LORA_TARGETS, DEFAULTS, launch_strategy
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import GPUSpec, load_gpu
@@ -62,6 +73,9 @@ class TrainingSetup:
     loss: Loss = DEFAULTS.loss  # the causal-LM loss: over materialised logits, Liger's fused kernel, Cut CE
     # saved activations moved to pinned host memory as forward saves them (TRL's activation_offloading)
     offload_activations: bool = DEFAULTS.offload_activations
+    # the dtype from_pretrained stored the weights in, for a frozen base: half, or fp32 (transformers 4.x without
+    # torch_dtype, TRL's ModelConfig default); full fine-tuning's weights follow the precision
+    base_dtype: BaseDtype = DEFAULTS.base_dtype
     # the user's library releases (core.versions): the installed ones where not given
     versions: Versions = field(default_factory=installed_versions)
 
@@ -81,7 +95,7 @@ class TrainingSetup:
 
 _CHOICE_FIELDS = {"strategy": Strategy, "method": Method, "precision": Precision, "optimizer": Optimizer,
                   "attention": Attention, "trainer": Trainer, "reference": Reference,
-                  "loss": Loss}
+                  "loss": Loss, "base_dtype": BaseDtype}
 
 
 MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest single NVLink domain sold; a plan of more answers slowly
@@ -111,6 +125,12 @@ def validate(setup: TrainingSetup) -> TrainingSetup:
             f"precision {setup.precision.value!r} needs bfloat16, which the {setup.gpu.display_name} "
             f"(compute capability {cc}) lacks; use fp16-mixed or fp32 on this GPU"
         )
+    if setup.base_dtype is BaseDtype.FP32 and setup.precision in (Precision.FP16, Precision.BF16):
+        raise InvalidValueError(
+            f"base dtype 'float32' with precision {setup.precision.value!r}: pure half precision stores every weight "
+            f"in half; a model loaded in float32 and trained under autocast is "
+            f"{'bf16' if setup.precision is Precision.BF16 else 'fp16'}-mixed (base dtypes: "
+            f"{', '.join(m.value for m in BaseDtype)})")
     if setup.method is Method.QLORA and setup.precision is Precision.FP32:
         raise InvalidValueError(
             "method 'qlora' computes in half precision over a 4-bit base; precision 'fp32' is not a QLoRA "
@@ -184,6 +204,7 @@ def make_setup(
     reference: str | Reference = DEFAULTS.reference,
     loss: str | Loss = DEFAULTS.loss,
     offload_activations: bool = DEFAULTS.offload_activations,
+    base_dtype: str | BaseDtype = DEFAULTS.base_dtype,
     versions: Versions | Mapping[str, str] | str | None = None,
 ) -> TrainingSetup:
     """Build and validate a :class:`TrainingSetup` from names (as typed on the CLI) or objects; what is not given is
@@ -214,6 +235,7 @@ def make_setup(
             reference=choice(Reference, reference, "reference"),
             loss=choice(Loss, loss, "loss"),
             offload_activations=bool(offload_activations),
+            base_dtype=choice(BaseDtype, base_dtype, "base dtype"),
             versions=versions_from(versions),
         )
     )

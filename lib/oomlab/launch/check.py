@@ -18,7 +18,7 @@ from typing import Any
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import BudgetResult, Phase
-from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy, plain
+from oomlab.core.choices import BaseDtype, Method, Optimizer, Precision, Route, Strategy, plain
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.prices import HostRam, resolve_host_ram
@@ -207,10 +207,13 @@ def _change(step: Step) -> tuple[str, str]:
     s = step.setup
     if step.rung is Rung.MICRO_BATCH:
         return "batch", f"{s.batch} (gradient accumulation x{step.accumulation}: the same global batch)"
-    knob = {Rung.FUSED_OPTIMIZER: "optimizer", Rung.OPTIMIZER_8BIT: "optimizer", Rung.CHECKPOINTING: "checkpointing",
+    knob = {Rung.HALF_BASE: "base_dtype",
+            Rung.FUSED_OPTIMIZER: "optimizer", Rung.OPTIMIZER_8BIT: "optimizer", Rung.CHECKPOINTING: "checkpointing",
             Rung.SHARDING: "strategy", Rung.OFFLOAD: "strategy", Rung.LORA: "method", Rung.QLORA: "method",
             Rung.MORE_GPUS: "gpus", Rung.PRECOMPUTE_REFERENCE: "reference", Rung.FUSED_LOSS: "loss",
             Rung.SHORTER_SEQ: "seq"}[step.rung]
+    if knob == "base_dtype":
+        return knob, s.precision.compute_dtype
     return knob, "on" if knob == "checkpointing" else str(plain(getattr(s, knob)))
 
 
@@ -248,9 +251,32 @@ def _how(launch: UserLaunch, step: Step) -> str:
                      "deepspeed --num_gpus)",
              "reference": "--precompute_ref_log_probs True (TRL's DPOConfig / KTOConfig)",
              "loss": _liger_how(launch, style),
+             "base_dtype": _half_base_how(launch, fix),
              "method": "a peft LoraConfig (adapter_config.json)" + (" over a bitsandbytes 4-bit base" if fix.method
                                                                     is Method.QLORA else "")}
     return f"{knob} {shown}: {flags.get(knob, shown)}{where}{cost}"
+
+
+def _half_base_how(launch: UserLaunch, fix: TrainingSetup) -> str:
+    """How the user's launch loads the frozen base in half: the key or flag that loaded it in fp32, TRL's
+    ``--dtype``, or from_pretrained's ``torch_dtype`` in the user's script."""
+    half, flag = fix.precision.compute_dtype, _load_dtype_flag(launch)
+    sourced = launch.fields.get("load_dtype")
+    if sourced is not None and sourced.origin.kind is OriginKind.FILE:
+        return f"{sourced.origin.key} {half}"
+    if flag is not None:
+        return f"{flag} {half}"
+    return f"from_pretrained(..., torch_dtype=torch.{half}) in the script"
+
+
+def _load_dtype_flag(launch: UserLaunch) -> str | None:
+    """The command-line flag that sets the load dtype: the one the launch gave, else TRL's ``--dtype``."""
+    sourced = launch.fields.get("load_dtype")
+    if sourced is not None and sourced.origin.kind is OriginKind.FLAG and sourced.origin.where.startswith("--"):
+        return sourced.origin.where.split("=")[0].split()[0]
+    if launch.command is not None and framework_of(launch.command) is Framework.TRL:
+        return "--dtype"
+    return None
 
 
 def _liger_how(launch: UserLaunch, style: FlagStyle) -> str:
@@ -293,6 +319,8 @@ def _fix_launch(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile
             text = style.set(text, "optim", _OPTIM_FLAGS[s.optimizer].split()[-1])
         elif knob == "reference":
             text = with_flag(text, "--precompute_ref_log_probs", "True")
+        elif knob == "base_dtype" and _load_dtype_flag(launch) is not None:
+            text = with_flag(text, _load_dtype_flag(launch), s.precision.compute_dtype)
         elif knob == "loss" and framework_of(launch.command) is not Framework.AXOLOTL:  # axolotl: its YAML's plugins
             text = style.set(text, "loss", "True")
         elif knob == "gpus":
@@ -307,6 +335,13 @@ def _fix_launch(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile
     return text
 
 
+def load_dtype_of(launch: UserLaunch, setup: TrainingSetup) -> str:
+    """The dtype ``setup``'s launch loads in: the user's, but half where a fix loads an fp32-loaded base in half."""
+    if launch.setup.base_dtype is BaseDtype.FP32 and setup.base_dtype is BaseDtype.HALF:
+        return setup.precision.compute_dtype
+    return launch.load_dtype
+
+
 def smallest_fix(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile, ...] = ()) -> Fix | None:
     """The ladder's fix as ``check`` shows it: each change, where to make it, the user's files with it (``files``:
     :func:`oomlab.launch.rewrite.changed_files`) and the launch that carries it."""
@@ -314,7 +349,7 @@ def smallest_fix(launch: UserLaunch, decision: Decision, files: tuple[ChangedFil
     if not decision.steps or fix is None:
         return None
     path = load_path_of(fix, hf_trainer=launch.hf_trainer, zero3_init=True)
-    load = check_load(fix, path, launch.load_dtype)
+    load = check_load(fix, path, load_dtype_of(launch, fix))
     return Fix(tuple(_change(s) for s in decision.steps), fix, decision.fixed.evaluation.per_gpu_peak_bytes, load,
                tuple(_how(launch, s) for s in decision.steps), _fix_launch(launch, decision, files), files)
 
@@ -325,7 +360,7 @@ def decide(launch: UserLaunch, host_ram_bytes: int) -> Decision:
     not fit)."""
     def loads(setup: TrainingSetup) -> bool:
         path = load_path_of(setup, hf_trainer=launch.hf_trainer, zero3_init=launch.zero3_init or setup != launch.setup)
-        load = check_load(setup, path, launch.load_dtype)
+        load = check_load(setup, path, load_dtype_of(launch, setup))
         return load.fits and load.host_per_node_bytes <= host_ram_bytes
 
     return climb(launch.setup, Evaluator(host_ram_bytes, None), loads)

@@ -13,7 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from oomlab.budget.deepspeed_config import DeepSpeedSettings, OptimizerSource
-from oomlab.core.choices import Attention, Loss, Method, Optimizer, Precision, Reference, Strategy, Trainer, choice
+from oomlab.core.choices import (
+    Attention,
+    BaseDtype,
+    Loss,
+    Method,
+    Optimizer,
+    Precision,
+    Reference,
+    Strategy,
+    Trainer,
+    choice,
+)
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ModelSpec, known_models, load_model, model_from_config
@@ -27,7 +38,7 @@ from oomlab.launch.read import UserLaunch
 RECORD_VERSION = 1
 SETUP_RECORD_NAME = "setup.json"  # under the run's results/
 _CHOICES = {"strategy": Strategy, "method": Method, "precision": Precision, "optimizer": Optimizer,
-            "attention": Attention, "trainer": Trainer, "reference": Reference, "loss": Loss}
+            "attention": Attention, "trainer": Trainer, "reference": Reference, "loss": Loss, "base_dtype": BaseDtype}
 _FIELD_KINDS: dict[str, Any] = {**_CHOICES, "launcher": Launcher}
 
 

@@ -47,7 +47,7 @@ from oomlab.launch.read import (
     training_claims,
 )
 from oomlab.launch.script_defaults import script_claims
-from oomlab.launch.trained_dtype import trained_precision
+from oomlab.launch.trained_dtype import frozen_base_dtype, trained_precision
 from oomlab.launch.trl_config import VERSION as TRL
 
 
@@ -364,9 +364,13 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     if trained is not fields["precision"]:  # half-loaded weights under DDP train in half
         fields["precision"], precision = trained, trained.value
         unmodelled += [refused] if refused is not None else []
+    base = frozen_base_dtype(fields.get("load_dtype"), method.value, precision)
+    if method.value is not Method.FULL:  # full fine-tuning's weights follow the precision
+        fields["base_dtype"] = base
     setup = make_setup(strategy=strategy, precision=precision, optimizer=fields["optimizer"].value,
                        trainer=kind.value, reference=reference.value, versions=versions,
-                       loss=fields["loss"].value, offload_activations=fields["offload_activations"].value, **common)
+                       loss=fields["loss"].value, offload_activations=fields["offload_activations"].value,
+                       base_dtype=base.value, **common)
     zero3 = _zero3_init(refs, trainer)
     fields.update({"model": Sourced(spec.name, model_origin), "strategy": Sourced(strategy, strategy_origin),
                    "method": method, "zero3_init": zero3, "trainer": kind, "reference": reference,
@@ -382,7 +386,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
 
 SETUP_ORDER = ("model", "gpus", "nodes", "strategy", "trainer", "reference", "method", "precision", "optimizer",
                "batch", "accumulation", "seq", "checkpointing", "attention", "loss", "offload_activations",
-               "lora_rank", "lora_alpha", "lora_targets", "load_dtype", "zero3_init")
+               "lora_rank", "lora_alpha", "lora_targets", "load_dtype", "base_dtype", "zero3_init")
 # the launchers that start a process per visible GPU unless told how many, and whose default that is
 PER_VISIBLE_GPU = {Launcher.ACCELERATE: K.ACCELERATE, Launcher.DEEPSPEED: K.DEEPSPEED,
                    Launcher.LLAMAFACTORY: LLAMAFACTORY, Launcher.AXOLOTL: AXOLOTL, Launcher.TRL: TRL}

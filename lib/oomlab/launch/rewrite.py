@@ -125,12 +125,14 @@ def _field_value(name: str, key: str, fix: TrainingSetup, accumulation: int) -> 
         return OPTIM_NAMES[fix.optimizer]
     if name == "gpus":
         return fix.gpus * fix.nodes if key.endswith("num_processes") else fix.gpus
+    if name == "base_dtype":  # the load dtype's key (torch_dtype / dtype): the half dtype the precision computes in
+        return fix.precision.compute_dtype
     raise KeyError(name)
 
 
 _RUNG_FIELDS = {Rung.CHECKPOINTING: ("checkpointing",), Rung.MICRO_BATCH: ("batch", "accumulation"),
                 Rung.FUSED_OPTIMIZER: ("optimizer",), Rung.OPTIMIZER_8BIT: ("optimizer",), Rung.SHORTER_SEQ: ("seq",),
-                Rung.MORE_GPUS: ("gpus",)}
+                Rung.MORE_GPUS: ("gpus",), Rung.HALF_BASE: ("base_dtype",)}
 
 
 def _user_accumulation(launch: UserLaunch) -> int:

@@ -6,11 +6,12 @@ it is mixed precision with fp32 weights, gradients and AdamW moments; loaded in 
 pure half -- half gradients, and torch's AdamW keeps its moments in the parameter's dtype.  Only the sharded launchers
 make their own fp32 master: accelerate upcasts low-precision parameters to fp32 for FSDP when mixed precision is on
 (accelerate 1.15 accelerator.py:1999-2037, utils/fsdp_utils.py:816-824) and DeepSpeed keeps fp32 partitions of its
-own.  LoRA's frozen base is budgeted in half either way (its trained adapters are small)."""
+own.  A frozen base (LoRA's, QLoRA's non-4-bit parameters) stays in the dtype it was loaded in
+(:func:`frozen_base_dtype`): nothing upcasts or casts it but DeepSpeed."""
 
 from __future__ import annotations
 
-from oomlab.core.choices import Method, Precision, Strategy
+from oomlab.core.choices import BaseDtype, Method, Precision, Strategy
 from oomlab.launch.origin import OriginKind, Sourced, Unmodelled, default_origin
 
 _PURE = {"bfloat16": Precision.BF16, "float16": Precision.FP16}
@@ -43,3 +44,17 @@ def trained_precision(precision: Sourced, load_dtype: Sourced | None, strategy: 
                       (precision.origin, load_dtype.origin))
     note = Unmodelled(load_dtype.origin, load_dtype.value, FP16_SCALER_REFUSES) if pure is Precision.FP16 else None
     return trained, note
+
+
+def frozen_base_dtype(load_dtype: Sourced | None, method: Method, precision: Precision) -> Sourced:
+    """The dtype a LoRA / QLoRA launch's frozen base is stored in: fp32 where the launch loads it in fp32 under a
+    mixed precision -- a file or flag says so, a framework's default does (TRL's ``ModelConfig`` ``dtype``), or
+    transformers 4.x's ``from_pretrained`` default does (no ``torch_dtype``: ``torch.float``) -- its origin the load
+    dtype's; else half.  An assumed load dtype changes nothing.  Full fine-tuning's weights follow the precision."""
+    if (method is not Method.FULL and load_dtype is not None and load_dtype.value == "float32"
+            and precision in _MIXED and load_dtype.origin.kind is not OriginKind.ASSUMED):
+        return Sourced(BaseDtype.FP32, load_dtype.origin)
+    why = "full fine-tuning's weights follow the precision" if method is Method.FULL else \
+        "the frozen base stored in the precision's half dtype, as loaded"
+    return Sourced(BaseDtype.HALF, load_dtype.origin if load_dtype is not None and method is not Method.FULL
+                   else default_origin("oomlab", why))

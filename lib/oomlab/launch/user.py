@@ -7,13 +7,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from oomlab.core.choices import Strategy
+from oomlab.core.choices import Method, Strategy
 from oomlab.core.models import load_model
 from oomlab.core.setup import make_setup
 from oomlab.launch.inputs import inputs_from_dir
 from oomlab.launch.origin import Sourced, assumed, flag_origin
 from oomlab.launch.read import UserLaunch
 from oomlab.launch.resolve import SETUP_ORDER, read_launch
+from oomlab.launch.trained_dtype import frozen_base_dtype
 
 # pipeline parameter -> setup field (the pipeline's names are the setup's, but for the load dtype)
 PARAM_FIELDS = ("gpus", "strategy", "method", "precision", "optimizer", "batch", "seq", "checkpointing", "attention",
@@ -55,6 +56,10 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
             f"no dtype given: what from_pretrained loads, taken as the dtype {setup.precision.value} computes in"))
     else:
         fields["load_dtype"] = Sourced(dtype, flag_origin(f"-p dtype={dtype}"))
+    base = frozen_base_dtype(fields["load_dtype"], setup.method, setup.precision)
+    if setup.method is not Method.FULL:  # -p dtype=float32 under LoRA: the base stays fp32
+        fields["base_dtype"] = base
+        setup = setup.with_(base_dtype=base.value)
     fields["zero3_init"] = Sourced(True, assumed("a ZeRO-3 launch loads under zero.Init, as the HF Trainer does"))
     ordered = {name: fields[name] for name in SETUP_ORDER if name in fields}
     return UserLaunch(setup=setup, fields=ordered, deepspeed=None, launcher=None, hf_trainer=True, command=None,

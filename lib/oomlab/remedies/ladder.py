@@ -22,7 +22,7 @@ from typing import Any
 
 from oomlab.budget.loss_kernels import LIGER_FAMILIES
 from oomlab.budget.trainers import PRECOMPUTABLE, resident_reference
-from oomlab.core.choices import Loss, Method, Optimizer, Reference, Strategy, Trainer
+from oomlab.core.choices import BaseDtype, Loss, Method, Optimizer, Reference, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
@@ -48,6 +48,7 @@ class Kind(enum.Enum):
 class Rung(enum.Enum):
     """The ladder, least disruptive first (the order is the enum's)."""
 
+    HALF_BASE = "the frozen base loaded in half"  # LoRA over a base from_pretrained loaded in fp32
     FUSED_OPTIMIZER = "fused AdamW"
     PRECOMPUTE_REFERENCE = "precompute_ref_log_probs"  # DPO / KTO: no reference model during training
     FUSED_LOSS = "Liger's fused linear cross-entropy"  # SFT: the loss without the (tokens x vocab) logits
@@ -62,12 +63,16 @@ class Rung(enum.Enum):
     SHORTER_SEQ = "shorter sequences"
 
 
-KIND = {Rung.FUSED_OPTIMIZER: Kind.FREE, Rung.PRECOMPUTE_REFERENCE: Kind.SPEED, Rung.FUSED_LOSS: Kind.FREE,
+KIND = {Rung.HALF_BASE: Kind.FREE, Rung.FUSED_OPTIMIZER: Kind.FREE, Rung.PRECOMPUTE_REFERENCE: Kind.SPEED,
+        Rung.FUSED_LOSS: Kind.FREE,
         Rung.CHECKPOINTING: Kind.SPEED, Rung.MICRO_BATCH: Kind.SPEED,
         Rung.OPTIMIZER_8BIT: Kind.FREE, Rung.SHARDING: Kind.SPEED, Rung.OFFLOAD: Kind.SPEED,
         Rung.MORE_GPUS: Kind.HARDWARE,
         Rung.LORA: Kind.TRAINED, Rung.QLORA: Kind.TRAINED, Rung.SHORTER_SEQ: Kind.DATA}
 COST = {
+    Rung.HALF_BASE: "none: the same adapters, trained as fast or faster (autocast already computed every projection in "
+                    "half); from_pretrained's torch_dtype in half makes the embedding, norms and residual stream half "
+                    "too, as in any half-loaded LoRA run",
     Rung.FUSED_OPTIMIZER: "none: the same update in one kernel (the HF Trainer's default optim=adamw_torch_fused)",
     Rung.PRECOMPUTE_REFERENCE: "one extra pass over the data before training (the reference's log-probabilities "
                                "computed once and stored with the dataset); the same training after it",
@@ -196,7 +201,7 @@ class Decision:
                 "steps": [{"rung": s.rung.value, "kind": KIND[s.rung].value, "cost": COST[s.rung],
                            "strategy": s.setup.strategy.value, "method": s.setup.method.value,
                            "optimizer": s.setup.optimizer.value, "checkpointing": s.setup.checkpointing,
-                           "loss": s.setup.loss.value,
+                           "loss": s.setup.loss.value, "base_dtype": s.setup.base_dtype.value,
                            "batch": s.setup.batch, "seq": s.setup.seq, "accumulation": s.accumulation,
                            "speed_ratio": ratio, "slower_by": list(causes)}
                           for s, (ratio, causes) in zip(self.steps, self.speeds(), strict=True)],
@@ -207,6 +212,9 @@ def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Ste
     """``rung`` applied to ``step``'s setup; None where it changes nothing (or cannot run there)."""
     s = step.setup
     try:
+        if rung is Rung.HALF_BASE:
+            return Step(rung, s.with_(base_dtype=BaseDtype.HALF), step.accumulation) \
+                if s.base_dtype is BaseDtype.FP32 and s.method is not Method.FULL else None
         if rung is Rung.FUSED_OPTIMIZER:
             return Step(rung, s.with_(optimizer=Optimizer.ADAMW_FUSED), step.accumulation) \
                 if s.optimizer is Optimizer.ADAMW and not s.strategy.deepspeed else None

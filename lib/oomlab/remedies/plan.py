@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oomlab.budget.result import Fit
-from oomlab.core.choices import Loss, Method, Optimizer, Precision, Reference, Route, Strategy, Trainer
+from oomlab.core.choices import BaseDtype, Loss, Method, Optimizer, Precision, Reference, Route, Strategy, Trainer
 from oomlab.core.defaults import DEFAULTS, launch_strategy
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import GPUSpec, load_gpu
@@ -227,8 +227,9 @@ def fold_label_twins(remedies: list[Remedy], bf16: bool) -> list[Remedy]:
     return [keep[id(r)] for r in remedies if id(r) in keep]
 
 
-# what no remedy changes: the training loop, its reference, the stack, the loss kernel, activation offloading
-KEPT = ("trainer", "reference", "versions", "loss", "offload_activations")
+# what no remedy of the grid changes: the training loop, its reference, the stack, the loss kernel, activation
+# offloading, the dtype the frozen base was loaded in (the ladder's rungs may: remedies.ladder)
+KEPT = ("trainer", "reference", "versions", "loss", "offload_activations", "base_dtype")
 
 
 def configured_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = DEFAULTS.nodes, *,
@@ -352,6 +353,7 @@ def make_plan(
     versions: Versions | Mapping[str, str] | str | None = None,
     loss: str | Loss = DEFAULTS.loss,
     offload_activations: bool = DEFAULTS.offload_activations,
+    base_dtype: str | BaseDtype = DEFAULTS.base_dtype,
 ) -> Plan:
     """Every remedy for training ``model`` on ``nodes`` × ``gpus`` × ``gpu``, budgeted and ranked.
 
@@ -369,7 +371,7 @@ def make_plan(
         raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
                                 f"{spec.max_position_embeddings}: use a sequence length up to that")
     run = {"trainer": trainer, "reference": reference, "versions": versions, "loss": loss,
-           "offload_activations": offload_activations}  # every remedy keeps these (KEPT)
+           "offload_activations": offload_activations, "base_dtype": base_dtype}  # every remedy keeps these (KEPT)
     base = configured_setup(spec, gpu_spec, gpus, nodes, seq=seq, batch=batch, precision=precision,
                             optimizer=optimizer, checkpointing=checkpointing, attention=attention,
                             lora_rank=lora_rank, strategy=strategy, method=method, lora_targets=lora_targets,
@@ -442,7 +444,7 @@ def plan_for(setup: TrainingSetup, host_ram: str | int | None = HOST_RAM_AUTO, *
                      lora_rank=s.lora_rank, strategy=s.strategy, method=s.method, lora_targets=s.lora_targets,
                      lora_alpha=s.lora_alpha, assumptions=assumptions, outside_bytes=outside_bytes,
                      trainer=s.trainer, reference=s.reference, versions=s.versions, loss=s.loss,
-                     offload_activations=s.offload_activations)
+                     offload_activations=s.offload_activations, base_dtype=s.base_dtype)
 
 
 def distinct_top(plan: Plan, n: int = 3) -> tuple[Remedy, ...]:
