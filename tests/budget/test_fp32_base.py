@@ -136,3 +136,18 @@ def test_trl_default_float32_is_fixed_by_loading_in_half() -> None:
     assert result.decision.setup.base_dtype is BaseDtype.HALF
     assert "--dtype bfloat16" in result.smallest_fix.launch
     assert result.smallest_fix.how[0].startswith("base_dtype bfloat16: --dtype bfloat16")
+
+
+def test_the_pipeline_s_dtype_parameter_sets_it() -> None:
+    """-p dtype=float32 under LoRA with a mixed precision: the base is budgeted in fp32, its origin the parameter;
+    the default dtype (the seed's float16) keeps it half."""
+    from oomlab.launch.user import user_launch
+    from oomlab.pipeline.params import PARAMETERS, parse_params
+
+    defaults = {name: p.default for name, p in PARAMETERS.items()}
+    lora = ["method=lora", "precision=fp16-mixed", "gpus=1"]
+    given = user_launch(parse_params([*lora, "dtype=float32"]), defaults)
+    assert given.setup.base_dtype is BaseDtype.FP32
+    assert str(given.fields["base_dtype"].origin) == "flag -p dtype=float32"
+    assert user_launch(parse_params(lora), defaults).setup.base_dtype is BaseDtype.HALF
+    assert "base_dtype" not in user_launch(parse_params(["gpus=1", "dtype=float32"]), defaults).fields  # full
