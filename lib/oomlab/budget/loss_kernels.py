@@ -44,13 +44,45 @@ d42911f9b1a1f98289bb601c35c8151562603d74 (axolotl's ``cut_cross_entropy: true`` 
   their casts back to the caller's dtypes (:516, :519: fp32 ``V × H`` / ``BT × H`` where the head / the embeddings
   were fp32).
 
+**The chunked losses** (``setup.loss`` ``chunked``, ``chunked-compiled``, ``chunked-no-upcast``,
+``chunked-loss-compiled``) run plain torch ops over chunks of positions; their bytes were measured on CPU, the
+sources' own code run under torch's profiler (tests/budget/test_loss_kernels_chunked.py), and read from:
+
+- torchtune 0.4.0 (tag v0.4.0, commit 03a4b1e41adb62a4b1729c09e6f6b2792b8d7e7e)
+  ``torchtune/modules/transformer.py`` :485-504 ``chunked_output``: ``self.output(chunk)`` for each of
+  ``last_hidden_state.chunk(num_output_chunks, dim=1)`` (no ``.float()``, which the unchunked path :652 runs);
+  ``torchtune/modules/loss/ce_chunked_output_loss.py`` :30 ``num_output_chunks=8``, :41-43
+  ``F.cross_entropy(logits.float(), ..., reduction="sum")`` per chunk (:80-81);
+  ``recipes/full_finetune_single_device.py`` :287-292 ``training.compile_loss`` when ``compile`` and
+  ``set_num_output_chunks``, :639-640 ``del logits`` after the loss; ``torchtune/training/_compile.py`` :80-83
+  compiles only ``compute_cross_entropy``.
+  Eager (``chunked``): each chunk's ``.float()`` is transient, its fp32 log-softmax saved (``LogSoftmaxBackward``);
+  the half chunks are no autograd input of the loss and die at ``del logits``; backward starts with one chunk's
+  two fp32 gradients beside every saved log-softmax.  Compiled (``chunked-compiled``; inductor's code for
+  ``compute_cross_entropy``, ``TORCH_LOGS=output_code``): forward allocates two ``rows × 1`` fp32 tensors (max and
+  log-sum-exp) and saves them with the half chunk itself; backward allocates one ``rows × V`` gradient in the
+  chunk's dtype.  Chunks are the largest of ``torch.chunk``: ``batch × ceil(seq / 8)`` rows.
+- litgpt 0.4.0 (tag v0.4.0, commit 8ca46d2fa90eb6dcb8b683fc5cbbcbee8508c31e) ``litgpt/lora.py`` :546-548
+  ``[self.lm_head(x_i) for x_i in x.split(lm_head_chunk_size, dim=1)]``; ``litgpt/finetune/lora.py`` :287-291
+  ``model(input_ids, lm_head_chunk_size=128)``, the loss, then
+  ``fabric.backward`` with ``logits`` still bound; ``litgpt/utils.py`` :268-277 ``cross_entropy(logit_chunk, ...,
+  reduction="none")`` per chunk with no upcast: the log-softmax in the logits' dtype (fp32 only where autocast runs
+  ``log_softmax`` in fp32; litgpt's ``bf16-true`` and its quantized runs have none).
+- axolotl 0.18.0 (tag v0.18.0, commit 2f5cb9da62a0fe763a1ddeb7798fc9acb2f4a417)
+  ``src/axolotl/monkeypatch/loss/chunked.py`` :74-79 compiles ``compute_cross_entropy`` (torchtune's, copied: :11,
+  :33-35), :93-96 chunks transformers' whole logits (``source.chunk(8, dim=1)``), :127-134 replaces
+  ``ForCausalLMLoss``; ``src/axolotl/loaders/patch_manager.py`` :304-311 applies it for ``chunked_cross_entropy``.
+  Each compiled chunk saves its view of the logits (the whole logits live until the last chunk's backward); the
+  chunk gradients wait in ``chunk``'s backward and are concatenated: two logits-sized gradients at its end.
+
 Not modelled: Liger's ``accum_dtype`` (fp32 accumulators, off by default), ``reduction="none"`` (recomputes in
-backward), CCE's ``accum_e_fp32`` / ``accum_c_fp32`` (off by default) and its vocabulary-parallel mode.
+backward), CCE's ``accum_e_fp32`` / ``accum_c_fp32`` (off by default) and its vocabulary-parallel mode;
+torchtune's ``num_output_chunks`` other than 8; litgpt's ``lm_head_chunk_size`` other than 128.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from oomlab.budget import activations as act
 from oomlab.budget.activations import FP32, HALF, INDEX, Regime
@@ -59,9 +91,17 @@ from oomlab.core.choices import Loss, Method, Precision
 from oomlab.core.layouts import Family
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
+from oomlab.core.versions import Fact, applies
 
 LIGER = "Liger-Kernel 0.8.2 (linkedin/Liger-Kernel@ead96b6, src/liger_kernel/ops/fused_linear_cross_entropy.py)"
 CCE = "cut-cross-entropy 25.6.4 (apple/ml-cross-entropy@d42911f, cut_cross_entropy/cce.py, cce_backward.py)"
+TORCHTUNE = ("torchtune 0.4.0 (pytorch/torchtune@03a4b1e, torchtune/modules/loss/ce_chunked_output_loss.py, "
+             "modules/transformer.py chunked_output)")
+LITGPT = "litgpt 0.4.0 (Lightning-AI/litgpt v0.4.0, litgpt/utils.py chunked_cross_entropy, lora.py lm_head_chunk_size)"
+AXOLOTL = "axolotl 0.18.0 (axolotl-ai-cloud/axolotl@2f5cb9d, src/axolotl/monkeypatch/loss/chunked.py)"
+OUTPUT_CHUNKS = 8  # torchtune ce_chunked_output_loss.py :30 num_output_chunks=8; axolotl chunked.py :74, :82
+LITGPT_CHUNK = 128  # litgpt/finetune/lora.py :287 lm_head_chunk_size=128 (positions per chunk)
+ROW_STATS = 2 * FP32  # a compiled chunk's saved max and log-sum-exp per row (inductor's two rows x 1 fp32 buffers)
 # the families Liger patches with its fused loss (src/liger_kernel/transformers/monkey_patch.py :3535-3584,
 # MODEL_TYPE_TO_APPLY_LIGER_FN at ead96b6), of oomlab's
 LIGER_FAMILIES = frozenset({Family.LLAMA, Family.MISTRAL, Family.MIXTRAL, Family.QWEN2, Family.QWEN3,
@@ -177,12 +217,90 @@ def cce_tensors(setup: TrainingSetup, t: StepTensors) -> StepTensors:
                    log_softmax=saved, loss_grad=-(-backward // 2))
 
 
+@dataclass(frozen=True)
+class ChunkedLossBytes:
+    """One chunked loss's bytes in :class:`StepTensors`' terms: ``logits`` and ``logits_fp32`` live at the end of the
+    loss's forward only, ``log_softmax`` (what the loss keeps) through the start of backward, where ``2 × loss_grad``
+    joins it."""
+
+    logits: int
+    logits_fp32: int
+    log_softmax: int
+    loss_grad: int
+
+    @property
+    def forward(self) -> int:
+        return self.logits + self.logits_fp32 + self.log_softmax
+
+    @property
+    def backward(self) -> int:
+        return self.log_softmax + 2 * self.loss_grad
+
+
+def chunk_tokens(loss: Loss, batch: int, seq: int) -> int:
+    """Tokens (rows) of the largest chunk: ``torch.chunk(8, dim=1)``'s ``batch × ceil(seq / 8)`` (torchtune,
+    axolotl), litgpt's ``split(128, dim=1)``: ``batch × min(128, seq)``."""
+    if loss is Loss.CHUNKED_NO_UPCAST:
+        return batch * min(LITGPT_CHUNK, seq)
+    return batch * -(-seq // OUTPUT_CHUNKS)
+
+
+def chunked_loss_bytes(loss: Loss, tokens: int, rows: int, vocab: int, logit: int, loss_dtype: int
+                       ) -> ChunkedLossBytes:
+    """The chunked loss's bytes for ``tokens`` positions in chunks of at most ``rows``, over ``vocab``; ``logit``:
+    bytes per logit as the head returns them; ``loss_dtype``: bytes per element the eager cross-entropy runs in
+    (torchtune's ``.float()``: 4; litgpt: the logits', or 4 under autocast).
+
+    - ``chunked``: the half chunks, one chunk's fp32 copy and every chunk's fp32 log-softmax at the last chunk; after
+      ``del logits`` the log-softmax alone; backward starts with one chunk's two fp32 gradients.
+    - ``chunked-compiled``: the chunks themselves saved with two fp32 numbers per row; one chunk's gradient in
+      backward.
+    - ``chunked-no-upcast``: the logits (bound by the loop through backward) and every chunk's log-softmax in
+      ``loss_dtype`` (with one chunk's cast where that is wider); one chunk's two gradients in backward.
+    - ``chunked-loss-compiled``: the whole logits saved as chunk views, two fp32 numbers per row; at the end of the
+      chunks' backward every chunk's gradient and their concatenation.
+    """
+    tv, chunk = tokens * vocab, rows * vocab
+    if loss is Loss.CHUNKED:
+        return ChunkedLossBytes(logits=logit * tv, logits_fp32=FP32 * chunk if logit != FP32 else 0,
+                                log_softmax=FP32 * tv, loss_grad=FP32 * chunk)
+    if loss is Loss.CHUNKED_COMPILED:
+        return ChunkedLossBytes(0, 0, logit * tv + ROW_STATS * tokens, -(-logit * chunk // 2))
+    if loss is Loss.CHUNKED_NO_UPCAST:
+        return ChunkedLossBytes(0, loss_dtype * chunk if loss_dtype != logit else 0, (logit + loss_dtype) * tv,
+                                loss_dtype * chunk)
+    if loss is Loss.CHUNKED_LOSS_COMPILED:
+        return ChunkedLossBytes(0, 0, logit * tv + ROW_STATS * tokens, -(-logit * tv // 2))
+    raise ValueError(f"loss {loss.value!r} is not chunked; chunked: "
+                     f"{', '.join(m.value for m in Loss if m.chunked)}")
+
+
+def _logit_bytes(setup: TrainingSetup) -> int:
+    """Bytes per logit as the head returns them: the compute dtype; fp32 where transformers before 4.46 upcast them in
+    the model's forward (axolotl's loss runs on transformers' head)."""
+    upcast = setup.loss is Loss.CHUNKED_LOSS_COMPILED and not applies(Fact.LOSS_UPCASTS_LOGITS, setup.versions)
+    return FP32 if upcast else _compute(setup)
+
+
+def chunked_tensors(setup: TrainingSetup, t: StepTensors) -> StepTensors:
+    """``t`` with the logits' terms of ``setup.loss``'s chunked loss (:func:`chunked_loss_bytes`); the head's saved
+    input and autocast's copies stay as transformers' head has them (the head still runs, chunk by chunk)."""
+    logit = _logit_bytes(setup)
+    autocast = act.regime(setup) is Regime.AUTOCAST
+    loss_dtype = FP32 if setup.loss is Loss.CHUNKED or autocast else logit
+    b = chunked_loss_bytes(setup.loss, act.tokens(setup), chunk_tokens(setup.loss, setup.batch, setup.seq),
+                           setup.model.vocab_size, logit, loss_dtype)
+    return replace(t, logits=b.logits, logits_fp32=b.logits_fp32, log_softmax=b.log_softmax, loss_grad=b.loss_grad)
+
+
 def loss_tensors(setup: TrainingSetup, t: StepTensors) -> StepTensors:
     """``t`` (transformers' loss) as ``setup.loss`` computes it."""
     if setup.loss is Loss.LIGER_FLCE:
         return liger_tensors(setup, t)
     if setup.loss is Loss.CCE:
         return cce_tensors(setup, t)
+    if setup.loss.chunked:
+        return chunked_tensors(setup, t)
     return t
 
 
@@ -197,4 +315,20 @@ def loss_note(setup: TrainingSetup) -> str | None:
                 "SwiGLU, RoPE, on by default with use_liger_kernel) are budgeted as transformers' own")
     if setup.loss is Loss.CCE:
         return f"loss: Cut Cross-Entropy, blockwise log-sum-exp, no (tokens × vocab) logits ({CCE})"
+    if setup.loss.chunked:
+        rows = chunk_tokens(setup.loss, setup.batch, setup.seq)
+        what, source = CHUNKED_NOTES[setup.loss]
+        return f"loss: {what}, chunks of {rows} rows × {spec.vocab_size} ({source})"
     return None
+
+
+CHUNKED_NOTES = {
+    Loss.CHUNKED: ("torchtune's CEWithChunkedOutputLoss, eager: every chunk's fp32 log-softmax kept for backward",
+                   TORCHTUNE),
+    Loss.CHUNKED_COMPILED: ("torchtune's CEWithChunkedOutputLoss compiled per chunk: the half chunks kept, no fp32 "
+                            "logits", TORCHTUNE),
+    Loss.CHUNKED_NO_UPCAST: ("litgpt's chunked head and chunked_cross_entropy: the logits and their log-softmax in the "
+                             "logits' dtype kept", LITGPT),
+    Loss.CHUNKED_LOSS_COMPILED: ("axolotl's chunked_cross_entropy: transformers' whole logits, the loss compiled per "
+                                 "chunk", AXOLOTL),
+}

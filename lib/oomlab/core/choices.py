@@ -200,16 +200,36 @@ class Loss(Choice):
       head and the loss fused over chunks of rows, the gradients computed in forward; no (tokens × vocab) logits.
     - ``cce``: Apple's Cut Cross-Entropy (axolotl ``cut_cross_entropy``): the log-sum-exp and its gradient computed
       blockwise in SRAM; no (tokens × vocab) tensor at all.
+    - ``chunked``: torchtune's ``CEWithChunkedOutputLoss`` (config ``loss._component_:
+      torchtune.modules.loss.CEWithChunkedOutputLoss``, which sets the model's ``num_output_chunks``, 8) with
+      ``compile: False``: the head runs per chunk of positions and each chunk is upcast and cross-entropied eagerly;
+      the half logits of every chunk live to the end of the loss, every chunk's fp32 log-softmax through backward.
+    - ``chunked-compiled``: the same with ``compile: True`` (torchtune's ``training.compile_loss`` compiles
+      ``compute_cross_entropy`` per chunk): each chunk keeps only its half logits and two fp32 numbers per row.
+    - ``chunked-no-upcast``: litgpt's ``model(..., lm_head_chunk_size=128)`` with ``chunked_cross_entropy`` (its
+      ``finetune`` scripts): the head per 128 positions, ``cross_entropy`` per chunk in the logits' dtype (fp32 only
+      under autocast), the logits held by the loop through backward.
+    - ``chunked-loss-compiled``: axolotl's ``chunked_cross_entropy: true``: transformers' head makes the whole
+      logits, the loss is compiled per chunk (8, ``chunked_cross_entropy_num_chunks``) over views of them.
     """
 
     STANDARD = "standard"  # lm_head + torch cross_entropy: the logits materialised
     LIGER_FLCE = "liger-flce"  # Liger's fused linear cross-entropy: a chunk of rows × vocab at a time
     CCE = "cce"  # Cut Cross-Entropy: blockwise, no logits
+    CHUNKED = "chunked"  # torchtune CEWithChunkedOutputLoss, eager: fp32 log-softmax of every chunk saved
+    CHUNKED_COMPILED = "chunked-compiled"  # torchtune CEWithChunkedOutputLoss + compile: half chunks saved
+    CHUNKED_NO_UPCAST = "chunked-no-upcast"  # litgpt lm_head_chunk_size + chunked_cross_entropy, logits' dtype
+    CHUNKED_LOSS_COMPILED = "chunked-loss-compiled"  # axolotl chunked_cross_entropy: whole head, compiled loss chunks
 
     @property
     def fused(self) -> bool:
-        """Does the loss replace the head's (tokens × vocab) logits?"""
+        """Is the loss computed by other code than transformers' (its terms: :mod:`oomlab.budget.loss_kernels`)?"""
         return self is not Loss.STANDARD
+
+    @property
+    def chunked(self) -> bool:
+        """Does the loss run over chunks of positions with plain torch ops (the logits still exist, chunk by chunk)?"""
+        return self in (Loss.CHUNKED, Loss.CHUNKED_COMPILED, Loss.CHUNKED_NO_UPCAST, Loss.CHUNKED_LOSS_COMPILED)
 
 
 class BaseDtype(Choice):

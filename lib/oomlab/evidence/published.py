@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from oomlab.budget.analytic import ALLOCATOR_FRAGMENTATION
 from oomlab.budget.api import estimate
 from oomlab.budget.result import BudgetResult, MemCategory
+from oomlab.core.choices import Loss
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.files import write_text_atomic
 from oomlab.core.paths import REPO_ROOT
@@ -222,14 +223,17 @@ def _gap_lines(comparisons: Sequence[Comparison], secondary: Sequence[SecondaryC
                moves: Sequence[Delta]) -> list[str]:
     by_id = {c.row.id: c for c in comparisons}
     move = {(d.before.row.id, d.after.row.id): d for d in moves}
-    chunked = [c for c in comparisons if Unmodelled.CHUNKED_LOSS in c.row.unmodelled and c.result is not None]
-    lines = ["Rows with a chunked loss, and what is left of the error once oomlab's (tokens × vocab) bytes are "
-             "taken out (evidence for the cause, not a correction):", "",
-              "| id | error | oomlab's logits and loss | error without them |", "|---|---:|---:|---:|"]
+    chunked = [c for c in comparisons if c.result is not None and c.result.setup.loss.chunked]
+    lines = ["Rows whose run chunks its head and loss, estimated with that loss (`setup.loss`, "
+             "`oomlab.budget.loss_kernels`) and with transformers' standard loss over whole logits (what modelling "
+             "the chunking moved):", "",
+             "| id | loss | oomlab's logits and loss at its peak | error | error with the standard loss |",
+             "|---|---|---:|---:|---:|"]
     for c in chunked:
-        logits = c.result.components.get(MemCategory.LOGITS_LOSS, 0)
-        lines.append(f"| {c.row.id} | {_pct(c.error)} | {format_size(logits)} | "
-                     f"{_pct((c.estimate_bytes - logits) / c.row.value_bytes - 1)} |")
+        standard = figure_bytes(estimate(**{**c.row.setup_kwargs, "loss": Loss.STANDARD.value}), c.figure)
+        lines.append(f"| {c.row.id} | {c.result.setup.loss.value} | "
+                     f"{format_size(c.result.components.get(MemCategory.LOGITS_LOSS, 0))} | {_pct(c.error)} | "
+                     f"{_pct(standard / c.row.value_bytes - 1)} |")
     peft = [s for s in secondary if s.metric.moment is Moment.AFTER_OPTIMIZER_STEP]
     gap = statistics.median(s.metric.value_bytes - s.estimate_bytes for s in peft)
     first = by_id[peft[0].row_id].result.setup
@@ -249,11 +253,11 @@ def _gap_lines(comparisons: Sequence[Comparison], secondary: Sequence[SecondaryC
     return lines + [
         "",
         f"1. **Unmodelled memory savings make the overestimates.** In torchtune's ablation, torch.compile saves "
-        f"{format_size(-chain[0].published_bytes)} and chunked cross-entropy "
-        f"{format_size(-chain[1].published_bytes)}; oomlab changes by {format_size(chain[0].estimate_bytes)} "
-        "for both, as it models neither (nor optimizer-in-backward, activation offloading or paged optimizer "
-        "state). Those rows are *approximated*: their error says what the missing features are worth, not how far "
-        "oomlab's model of what it does model is off.",
+        f"{format_size(-chain[0].published_bytes)}; oomlab changes by {format_size(chain[0].estimate_bytes)}, as it "
+        "does not model compile (nor optimizer-in-backward or paged optimizer state). Chunked cross-entropy "
+        f"(compiled per chunk) saves {format_size(-chain[1].published_bytes)}; oomlab's chunked-compiled loss saves "
+        f"{format_size(-chain[1].estimate_bytes)}. Rows missing a first-order feature are *approximated*: their "
+        "error says what the missing features are worth, not how far oomlab's model of what it does model is off.",
         f"2. **oomlab's LoRA adapters are fp32 (peft); torchtune's and litgpt's are bf16.** torchtune's tutorial "
         f"rank 8 → 64 on every projection adds {format_signed_size(dtype.published_bytes)}; oomlab adds "
         f"{format_signed_size(dtype.estimate_bytes)}, as it counts 16 bytes of weight, gradient and AdamW state "

@@ -16,6 +16,12 @@ and every default is cited from ``axolotl-ai-cloud/axolotl`` at the release name
   ``lora_target_linear`` adds every linear layer (``:174``); a 4-bit base only with ``adapter: qlora`` and
   ``load_in_4bit`` (``src/axolotl/loaders/model.py:712``);
 - the model loads in bf16 with bf16, fp16 with fp16 or 8-bit, else fp32 (``utils/config/__init__.py:191-196``);
+- ``chunked_cross_entropy`` (``src/axolotl/utils/schemas/config.py:978-983``, default None; the support matrix
+  ``docs/support-matrix.qmd:114`` spells it ``chunked_cross_entropy: true``): ``loaders/patch_manager.py:304-311``
+  replaces transformers' ``ForCausalLMLoss`` with ``monkeypatch/loss/chunked.py``'s loss, compiled per chunk over the
+  whole logits (``setup.loss`` ``chunked-loss-compiled``); ``chunked_cross_entropy_num_chunks`` (``:984-989``, 8 when
+  unset, ``chunked.py:127``) does not move that budget (the whole logits and their gradient are held at any count);
+  with ``cut_cross_entropy`` axolotl refuses the config (``integrations/cut_cross_entropy/args.py:46-54``);
 - FSDP: ``fsdp_version`` 2 sets ``FSDP_VERSION=2``, else accelerate's FSDP1 (``src/axolotl/utils/trainer.py:595``);
   ``fsdp_config.offload_params`` and ``activation_checkpointing`` (``utils/schemas/fsdp.py:15-26``).
 """
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oomlab.core.choices import Method, Optimizer, Precision, Reference, Trainer
+from oomlab.core.choices import Loss, Method, Optimizer, Precision, Reference, Trainer
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ALL_LINEAR
@@ -64,7 +70,7 @@ KEYS = frozenset({
     "base_model", "adapter", "load_in_4bit", "load_in_8bit", "lora_r", "lora_alpha", "lora_target_modules",
     "lora_target_linear", "sequence_len", "micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
     "deepspeed", "fsdp", "fsdp_version", "optimizer", "bf16", "fp16", "flash_attention", "sdp_attention",
-    "attn_implementation", "rl", "trl.beta", *MEMORY_FLAG_KEYS,
+    "attn_implementation", "rl", "trl.beta", "chunked_cross_entropy", *MEMORY_FLAG_KEYS,
     *(f"fsdp_config.{k}" for k in ("fsdp_version", "version", "offload_params", "fsdp_offload_params",
                                    "activation_checkpointing", "fsdp_activation_checkpointing")),
 })
@@ -73,6 +79,8 @@ _NOTED = {
     "pad_to_sequence_len": "every sequence padded to sequence_len, as the budget takes it",
     "batch_size": "the global batch: the budget reads micro_batch_size (and gradient_accumulation_steps)",
     "eval_sample_packing": "evaluation only",
+    "chunked_cross_entropy_num_chunks": "the chunk count of chunked_cross_entropy: the budget holds the whole logits "
+                                        "and their gradient at any count (monkeypatch/loss/chunked.py)",
 }
 
 
@@ -86,6 +94,7 @@ def read_axolotl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gp
     look = layered_lookup(cmd, config, unmodelled, _MERGE)
     read = FrameworkRead(Framework.AXOLOTL, VERSION, _trainer(look), unmodelled=unmodelled, files=[config.path])
     read.unmodelled += memory_flags(claims, look, "axolotl")  # the loss kernel (its plugins); refused settings
+    _chunked_loss(claims, look)
     for key, name, high, default, where in (
             ("micro_batch_size", "batch", MAX_BATCH, 1, "training.py:77-78"),
             ("gradient_accumulation_steps", "accumulation", MAX_BATCH, 1, "training.py:71-72"),
@@ -166,6 +175,14 @@ def _adapter(claims: Claims, look: Any) -> None:
                 raise InvalidValueError(f"{hit[2]}: load_in_4bit without adapter: qlora; axolotl quantizes the base "
                                         "to 4 bits only for qlora (loaders/model.py:712)")
             claims.say("quantization", bits, hit[2])
+
+
+def _chunked_loss(claims: Claims, look: Any) -> None:
+    """``chunked_cross_entropy: true``: the loss compiled per chunk over transformers' whole logits
+    (loaders/patch_manager.py:304-311); with ``cut_cross_entropy`` too, the claims name both (axolotl refuses it)."""
+    hit = look("chunked_cross_entropy")
+    if hit[0] and hit[1] is not None and bool_value(hit[1], hit[2]):
+        claims.say("loss", Loss.CHUNKED_LOSS_COMPILED, hit[2])
 
 
 def _precision(claims: Claims, look: Any, gpu: str) -> None:
