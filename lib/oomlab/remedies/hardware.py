@@ -332,7 +332,7 @@ def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes
             return known[b]
 
         b = cap if fits_batch(cap) else largest_true(fits_batch, 1, cap)
-        tps = step_time(c.setup, assumptions, c.route, batch=b).tokens_per_s
+        tps = bound if b == cap else step_time(c.setup, assumptions, c.route, batch=b).tokens_per_s
         found.append(((*rank_key(True, True, tps, c.optimizer, ev.per_gpu_peak_bytes), i), c, ev, tps))
         fastest = max(fastest, -found[-1][0][2])
     if not found:
