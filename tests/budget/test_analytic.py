@@ -162,7 +162,7 @@ def test_checkpointing_cuts_activations() -> None:
         ({"method": "lora", "lora_rank": 0}, InvalidValueError, "invalid LoRA rank 0; must be >= 1"),
         ({"strategy": "zero4"}, UnknownNameError, "unknown strategy 'zero4'; known: ddp, fsdp, fsdp-offload"),
         ({"optimizer": "adam"}, UnknownNameError,
-         "unknown optimizer 'adam'; known: adamw, adamw-8bit, adamw-fused, sgd"),
+         "unknown optimizer 'adam'; known: adamw, adamw-8bit, adamw-fused, adamw-hf, sgd"),
         ({"batch": 0}, InvalidValueError, "invalid batch 0; must be an integer >= 1"),
         ({"source": "measured"}, UnknownNameError, "unknown source 'measured'; known: analytic, traced"),
         ({"method": "lora", "lora_targets": "qkv"}, UnknownNameError, "unknown LoRA target module 'qkv'"),

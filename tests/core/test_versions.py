@@ -101,6 +101,8 @@ BOUNDARIES = [
     (Fact.TRAINER_FUSED_ADAMW, "transformers", "4.53.3", "4.54.0"),
     (Fact.LOAD_DTYPE_AUTO, "transformers", "4.57.1", "5.0.0"),
     (Fact.LOAD_STREAMS, "transformers", "4.57.1", "5.0.0"),
+    (Fact.TRAINER_ADAMW_TORCH, "transformers", "4.31.0", "4.32.0"),  # PR #25109
+    (Fact.SDPA_DEFAULT, "transformers", "4.35.2", "4.36.0"),  # PR #26572
 ]
 
 

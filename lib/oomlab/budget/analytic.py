@@ -80,6 +80,8 @@ _OPTIMIZER_NOTES = {
                      "temporary (the sqrt of exp_avg_sq) in the step",
     Optimizer.ADAMW_FUSED: "adamw-fused: AdamW(fused=True), the HF Trainer's default (adamw_torch_fused): no "
                            "temporary in the step",
+    Optimizer.ADAMW_HF: "adamw-hf: transformers' own AdamW (optim='adamw_hf'), a loop over the parameters: one "
+                        "temporary the size of the largest trained tensor's state (the sqrt of its exp_avg_sq)",
     Optimizer.ADAMW_8BIT: "adamw-8bit: bitsandbytes AdamW8bit, two 1-byte moments plus block scales, updated in place",
     Optimizer.SGD: "sgd: SGD with momentum, updated in place",
 }
@@ -135,7 +137,9 @@ def _versions_notes(setup: TrainingSetup) -> tuple[str, ...]:
     v = setup.versions
     notes = [f"versions: {v.describe()}"]
     # the Trainer's default optimizer is a launch fact (the launch reader's), not one of this budget's terms
-    older = [f for f in FACTS if not applies(f, v) and f not in (Fact.PEFT_KBIT_UPCAST, Fact.TRAINER_FUSED_ADAMW)
+    # the launch's facts (the Trainer's default optimizer and attention) are the launch reader's, not this budget's
+    launch = (Fact.PEFT_KBIT_UPCAST, Fact.TRAINER_FUSED_ADAMW, Fact.TRAINER_ADAMW_TORCH, Fact.SDPA_DEFAULT)
+    older = [f for f in FACTS if not applies(f, v) and f not in launch
              and (f is not Fact.BNB_DROPS_SAVED_INPUT or setup.method is Method.QLORA)
              and (f is not Fact.MOE_EXPERTS_3D or (setup.method is Method.QLORA and states.has_experts(setup)))]
     notes += [f"before {f.release_text}: {f.text.split('; before, ')[-1]}" for f in older]

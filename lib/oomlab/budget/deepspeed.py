@@ -88,7 +88,8 @@ def foreach_adamw(setup: TrainingSetup, ds: DeepSpeedSettings) -> bool:
     ``torch/optim/optimizer.py:161-186``; ``adamw_hf`` makes the same temporary, ``denom = exp_avg_sq.sqrt()``)
     or from a block with ``torch_adam: true``; not offloaded (accelerate swaps a client optimizer for
     DeepSpeedCPUAdam, ``accelerate/accelerator.py:2374-2383``; the step runs on the host)."""
-    return (setup.optimizer is Optimizer.ADAMW and optimizer_source(setup, ds) is not OptimizerSource.DEEPSPEED
+    return (setup.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_HF)
+            and optimizer_source(setup, ds) is not OptimizerSource.DEEPSPEED
             and not setup.strategy.offloads_optimizer)
 
 
@@ -338,6 +339,7 @@ def optimizer_note(setup: TrainingSetup, settings: DeepSpeedSettings | None = No
                 "false, accelerator.py:2374-2383): no temporary on the GPU")
     what = {Optimizer.ADAMW: "torch.optim.AdamW (foreach on CUDA: adamw_torch)",
             Optimizer.ADAMW_FUSED: "torch.optim.AdamW(fused=True) (adamw_torch_fused)",
+            Optimizer.ADAMW_HF: "transformers' AdamW (adamw_hf; the flat partition is one tensor to its loop)",
             Optimizer.ADAMW_8BIT: "bitsandbytes AdamW8bit", Optimizer.SGD: "torch.optim.SGD"}[setup.optimizer]
     if foreach_adamw(setup, ds):
         if setup.strategy.zero_stage == 3:

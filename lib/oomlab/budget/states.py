@@ -15,7 +15,7 @@ from functools import lru_cache
 from oomlab.budget import sharding
 from oomlab.budget.result import MemCategory
 from oomlab.budget.sharding import Share
-from oomlab.core.choices import BaseDtype, Method, Optimizer, Precision, Strategy
+from oomlab.core.choices import FSDP1_STRATEGIES, BaseDtype, Method, Optimizer, Precision, Strategy
 from oomlab.core.layouts import Family
 from oomlab.core.models import ModelSpec
 from oomlab.core.setup import TrainingSetup
@@ -225,6 +225,32 @@ def optimizer_temp_bytes(setup: TrainingSetup) -> int:
     tensor in one kernel and keeps no temporary.
     NB: SGD and the 8-bit optimizer update in place; offloaded states step on the host.
     """
-    if setup.optimizer is not Optimizer.ADAMW or sharding.share(setup, MemCategory.OPTIMIZER_STATE) is Share.HOST:
+    if setup.optimizer not in (Optimizer.ADAMW, Optimizer.ADAMW_HF) \
+            or sharding.share(setup, MemCategory.OPTIMIZER_STATE) is Share.HOST:
         return 0
+    if setup.optimizer is Optimizer.ADAMW_HF:
+        return largest_state_tensor_bytes(setup)
     return optimizer_on_gpu(setup) // 2
+
+
+def largest_state_tensor_bytes(setup: TrainingSetup) -> int:
+    """One moment of the largest tensor the optimizer steps: what a loop over the parameters (transformers'
+    ``AdamW.step``: ``denom = exp_avg_sq.sqrt().add_(eps)``, transformers 4.31 optimization.py) holds at once.
+
+    The tensors are the trained parameters as the optimizer sees them: the embedding, the head or a projection
+    (full fine-tuning), an adapter matrix (LoRA); FSDP1's flat parameters (a decoder layer's or the root's, sharded);
+    FSDP2's per-parameter shards.  NB: DeepSpeed steps one flat partition (:mod:`.deepspeed`).
+    """
+    spec = setup.model
+    moment = 2 if setup.method is Method.FULL and half_weights(setup) else 4
+    if setup.method is Method.FULL:
+        largest = max(spec.embedding_params, spec.lm_head_params, *(i * o for i, o in spec.projection_shapes.values()))
+    else:
+        dims = spec.projection_shapes
+        largest = max(setup.lora_rank * max(dims[t]) for t in setup.lora_targets)
+    if setup.strategy in FSDP1_STRATEGIES:
+        unit = max(spec.layer_matmul_params, spec.embedding_params + spec.lm_head_params)
+        largest = (unit if setup.method is Method.FULL else largest) // setup.world_size
+    elif setup.strategy.fsdp:
+        largest //= setup.world_size
+    return moment * largest

@@ -262,6 +262,8 @@ def make_optimizer(setup: TrainingSetup, params: list[Any]) -> Any:
         return torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=True)
     if setup.optimizer is Optimizer.ADAMW_FUSED:
         return torch.optim.AdamW(params, lr=LEARNING_RATE, fused=True)
+    if setup.optimizer is Optimizer.ADAMW_HF:  # transformers' AdamW is gone from 5.x: torch's loop over the parameters
+        return torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=False)
     if setup.optimizer is Optimizer.SGD:
         return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
     try:

@@ -123,13 +123,16 @@ class Optimizer(Choice):
 
     ADAMW = "adamw"  # torch.optim.AdamW as constructed by hand: foreach on CUDA (one state-sized sqrt temporary)
     ADAMW_FUSED = "adamw-fused"  # AdamW(fused=True), the Trainer's default optim="adamw_torch_fused": no temporary
+    # transformers' own AdamW (optim="adamw_hf", the Trainer's default before 4.32; removed in 5): a Python loop over
+    # the parameters, one parameter-sized temporary (denom = exp_avg_sq.sqrt())
+    ADAMW_HF = "adamw-hf"
     ADAMW_8BIT = "adamw-8bit"  # bitsandbytes 8-bit AdamW: two 1-byte moments plus block scales
     SGD = "sgd"  # SGD with momentum: one moment
 
     @property
     def adam(self) -> bool:
         """Two full-precision moments per trained parameter (torch's AdamW, foreach or fused)?"""
-        return self in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
+        return self in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_HF)
 
 
 class Trainer(Choice):

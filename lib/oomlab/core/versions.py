@@ -226,6 +226,18 @@ class Fact(Choice):
         "that bitsandbytes does not quantize; before, each expert's w1/w2/w3 was an nn.Linear, quantized to 4 bits",
         "transformers 5.x models/mixtral/modeling_mixtral.py:57-66 (class MixtralExperts, 'Collection of expert "
         "weights stored as 3D tensors'); 4.x MixtralBlockSparseTop2MLP: w1, w2, w3 = nn.Linear")
+    TRAINER_ADAMW_TORCH = (
+        "trainer-adamw-torch", "transformers", (4, 32, 0),
+        "TrainingArguments' default optim is adamw_torch (torch.optim.AdamW, foreach on CUDA); before, adamw_hf "
+        "(transformers' own AdamW, a loop over the parameters)",
+        "PR #25109 'Change default from adamw_hf to adamw_torch' (merged 2023-07-26; NB: 4.32.0 is the first release "
+        "after the merge, inferred from its date); transformers 4.31 training_args.py optim default 'adamw_hf'")
+    SDPA_DEFAULT = (
+        "sdpa-default", "transformers", (4, 36, 0),
+        "from_pretrained picks attn_implementation='sdpa' (torch's scaled_dot_product_attention) where the family "
+        "supports it; before, the eager attention, which keeps the (heads x seq x seq) probabilities for backward",
+        "PR #26572 '[core] Add SDPA support for Llama, Mistral, ...' (merged 2023-12-08, released in 4.36.0); 4.35 "
+        "models/llama/modeling_llama.py LlamaAttention: softmax(QK^T) then dropout and matmul")
     TRAINER_FUSED_ADAMW = (
         "trainer-fused-adamw", "transformers", (4, 54, 0),
         "TrainingArguments' default optim is adamw_torch_fused where torch >= 2.8; before, adamw_torch (foreach)",
@@ -264,15 +276,17 @@ FACTS = tuple(Fact)
 # their own MoE and optimizer code (the newest).
 FRAMEWORK_BEHAVIOUR = {Fact.PEFT_KBIT_UPCAST: False, Fact.LOSS_UPCASTS_LOGITS: True, Fact.LOSS_SHIFTS_LABELS: True,
                        Fact.MOE_EXPERTS_3D: True, Fact.TRAINER_FUSED_ADAMW: True, Fact.LOAD_DTYPE_AUTO: True,
-                       Fact.LOAD_STREAMS: True}
+                       Fact.LOAD_STREAMS: True, Fact.TRAINER_ADAMW_TORCH: True, Fact.SDPA_DEFAULT: True}
 
 
 def trainer_default_optimizer(versions: Versions) -> str:
     """The HF Trainer's ``optim`` when none is given: ``adamw_torch_fused`` from transformers 4.54 under torch >= 2.8
-    (:attr:`Fact.TRAINER_FUSED_ADAMW`), else ``adamw_torch``."""
+    (:attr:`Fact.TRAINER_FUSED_ADAMW`), ``adamw_torch`` from 4.32 (:attr:`Fact.TRAINER_ADAMW_TORCH`), else
+    ``adamw_hf``."""
     torch = versions.release("torch")
-    fused = applies(Fact.TRAINER_FUSED_ADAMW, versions) and (torch is None or torch >= (2, 8))
-    return "adamw_torch_fused" if fused else "adamw_torch"
+    if applies(Fact.TRAINER_FUSED_ADAMW, versions) and (torch is None or torch >= (2, 8)):
+        return "adamw_torch_fused"
+    return "adamw_torch" if applies(Fact.TRAINER_ADAMW_TORCH, versions) else "adamw_hf"
 
 
 def applies(fact: Fact, versions: Versions) -> bool:

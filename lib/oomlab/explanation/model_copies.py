@@ -141,7 +141,7 @@ def partitions(inv: ParameterInventory, ctx: RunContext) -> Iterator[Aggregate]:
             inv, w, solved, AggregateKind.FOREACH_TEMPORARY, f"torch's foreach AdamW temporary of the flat "
             f"partition{on}", 32, "torch.optim.AdamW (foreach, the Trainer's adamw_torch): _foreach_sqrt(exp_avg_sqs) "
             "over the flat partition, every step (torch/optim/adamw.py _multi_tensor_adamw)",
-            IN_STEP, ZERO_ON_GPU | FSDP_ON_GPU, optimizers=frozenset({Optimizer.ADAMW}))
+            IN_STEP, ZERO_ON_GPU | FSDP_ON_GPU, optimizers=frozenset({Optimizer.ADAMW, Optimizer.ADAMW_HF}))
         yield _partition(
             inv, w, solved, AggregateKind.STATE_8BIT, f"one 8-bit AdamW moment of the flat partition{on}", 8,
             "bitsandbytes' 8-bit AdamW: state1/state2 = zeros(uint8) of the flat partition at its first step "

@@ -194,7 +194,8 @@ def _phase(load: LoadCheck, budget: BudgetResult, host_ram_bytes: int) -> tuple[
 
 
 _OPTIM_FLAGS = {Optimizer.ADAMW: "--optim adamw_torch", Optimizer.ADAMW_FUSED: "--optim adamw_torch_fused",
-                Optimizer.ADAMW_8BIT: "--optim adamw_bnb_8bit", Optimizer.SGD: "--optim sgd"}
+                Optimizer.ADAMW_8BIT: "--optim adamw_bnb_8bit", Optimizer.SGD: "--optim sgd",
+                Optimizer.ADAMW_HF: "--optim adamw_hf"}
 _PRECISION_FLAGS = {Precision.BF16_MIXED: "--bf16", Precision.FP16_MIXED: "--fp16", Precision.FP32: "no --fp16/--bf16"}
 
 

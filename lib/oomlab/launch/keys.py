@@ -58,7 +58,7 @@ TRAINING_KEYS = frozenset({"fp16", "bf16", *BATCH_KEYS, *SEQ_KEYS, *CHECKPOINTIN
 # transformers' --optim names (training_args.py OptimizerNames) -> oomlab's optimizer
 OPTIM_NAMES: dict[str, Optimizer] = {
     "adamw_torch_fused": Optimizer.ADAMW_FUSED, "adamw_torch": Optimizer.ADAMW,
-    "adamw_hf": Optimizer.ADAMW,  # transformers' own AdamW (removed in 5.x): two fp32 moments, as adamw
+    "adamw_hf": Optimizer.ADAMW_HF,  # transformers' own AdamW (removed in 5.x): a loop over the parameters
     "adamw_bnb_8bit": Optimizer.ADAMW_8BIT, "adamw_8bit": Optimizer.ADAMW_8BIT,
     "paged_adamw_8bit": Optimizer.ADAMW_8BIT, "sgd": Optimizer.SGD,
     # NB: bitsandbytes' paged 32-bit AdamW keeps two fp32 moments as adamw; paging moves them to the host only under

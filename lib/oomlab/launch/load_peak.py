@@ -45,7 +45,7 @@ _BNB_FP16 = ("the bitsandbytes quantizer sets float16 where torch_dtype is None 
              "update_torch_dtype: 'Overriding torch_dtype=None with torch_dtype=torch.float16')")
 
 
-def _label(versions: Versions) -> str:
+def transformers_label(versions: Versions) -> str:
     release = versions.release("transformers")
     if release is None:
         return "transformers (newest)"
@@ -62,7 +62,7 @@ def config_dtype(spec: ModelSpec) -> str | None:
 def default_load_dtype(spec: ModelSpec, precision: Precision, versions: Versions, quantized: bool) -> Sourced:
     """The dtype from_pretrained loads in when neither the launch nor a framework names ``torch_dtype``, its origin
     naming the transformers release and the line that decides it."""
-    label = _label(versions)
+    label = transformers_label(versions)
     stated = config_dtype(spec)
     if applies(Fact.LOAD_DTYPE_AUTO, versions):
         if stated is not None:
@@ -152,7 +152,7 @@ def host_load(setup: TrainingSetup, path: LoadPath, dtype: str) -> HostLoad:
     checkpoint = n * (load_dtype(stated).itemsize if stated else size)
     shard = min(checkpoint, SHARD_BYTES)
     streams = applies(Fact.LOAD_STREAMS, setup.versions) or path in _ON_GPU
-    label = _label(setup.versions)
+    label = transformers_label(setup.versions)
     if path in _ON_GPU:
         model, what = 0, "each tensor placed on the GPU as read"
     elif path is LoadPath.ZERO_INIT:

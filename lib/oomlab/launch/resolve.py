@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from oomlab.budget.deepspeed_config import OFFLOAD_PARAM_IGNORED, ignored_offload_param, read_deepspeed_config
-from oomlab.core.choices import Attention, Loss, Method, Optimizer, Precision, Reference, Strategy, plain
-from oomlab.core.defaults import DEFAULT_LORA_TARGETS
+from oomlab.core.choices import Method, Optimizer, Precision, Reference, Strategy, plain
 from oomlab.core.errors import InvalidValueError, LaunchConflictError, LaunchFileError, UnknownNameError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ModelSpec, load_model
@@ -31,7 +30,6 @@ from oomlab.launch.memory_flags import memory_flags
 from oomlab.launch.nodes import hostfile_path, read_hostfile, slurm_claims
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, assumed, default_origin, file_origin, flag_origin
 from oomlab.launch.read import (
-    ASSUMED_SEQ,
     MAX_BATCH,
     MAX_LORA,
     MAX_PROCESSES,
@@ -48,6 +46,7 @@ from oomlab.launch.read import (
 )
 from oomlab.launch.script_defaults import script_claims
 from oomlab.launch.trained_dtype import frozen_base_dtype, trained_precision
+from oomlab.launch.trainer_defaults import trainer_defaults
 from oomlab.launch.trl_config import VERSION as TRL
 
 
@@ -318,7 +317,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         world = World(gpus_won.value, gpus_won.origin, nodes_won.value if nodes_won else 1,
                       nodes_won.origin if nodes_won else None)
         deepspeed_batch(claims, ds, world, training_refs.get("gradient_accumulation_steps"))
-    _defaults(claims, trainer, spec)
+    trainer_defaults(claims, trainer, spec, inputs.versions if inputs.versions is not None else installed_versions())
     fields = {name: claims.winner(name) for name in list(claims.said)}
     kind, kind_origin = _strategy(claims, refs, ds, training_refs.get("fsdp"))
     gpus, nodes = fields["gpus"].value, fields["nodes"].value
@@ -454,41 +453,3 @@ def _quant_claims(claims: Claims, raw: dict[str, Any], origin_of: Any) -> None:
     for key, bits in (("load_in_4bit", 4), ("load_in_8bit", 8)):
         if raw.get(key) is True:
             claims.say("quantization", bits, origin_of(key))
-
-
-def _defaults(claims: Claims, trainer: bool, spec: ModelSpec) -> None:
-    """What nobody stated: the HF Trainer's defaults for a Trainer script, else oomlab's assumptions."""
-    t = K.TRANSFORMERS
-    if trainer:
-        for name, value, what in (
-                ("precision", Precision.FP32, "TrainingArguments fp16=False, bf16=False"),
-                ("batch", 8, "TrainingArguments per_device_train_batch_size=8"),
-                ("checkpointing", False, "TrainingArguments gradient_checkpointing=False"),
-                ("optimizer", Optimizer.ADAMW_FUSED, "TrainingArguments optim='adamw_torch_fused' on torch >= 2.8"),
-            ("accumulation", 1, "TrainingArguments gradient_accumulation_steps=1")):
-            _library_default(claims, name, value, default_origin(t, what))
-    for name, value, why in (
-            ("precision", Precision.FP16_MIXED, "the pipeline's precision default (the seed's case)"),
-            ("batch", 1, "the pipeline's batch default"),
-            ("checkpointing", False, "the pipeline's checkpointing default"),
-            ("optimizer", Optimizer.ADAMW, "the pipeline's optimizer default"),
-            ("nodes", 1, "one node"),
-            ("seq", min(ASSUMED_SEQ, spec.max_position_embeddings),
-             f"the pipeline's seq default {ASSUMED_SEQ}, at most {spec.name}'s max_position_embeddings"),
-            ("lora_targets", DEFAULT_LORA_TARGETS, "oomlab's LoRA targets (the attention projections)")):
-        claims.say(name, value, assumed(why), Strength.ASSUMED)
-    _library_default(claims, "attention", Attention.SDPA, default_origin(t, "attn_implementation='sdpa' where "
-                                                                          "torch has it"))
-    _library_default(claims, "method", Method.FULL, default_origin(t, "no adapter: every parameter trains"))
-    _library_default(claims, "loss", Loss.STANDARD, default_origin(t, "use_liger_kernel=False: the loss over the "
-                                                                      "(tokens x vocab) logits"))
-    _library_default(claims, "offload_activations", False, default_origin(t, "no activation_offloading: the saved "
-                                                                          "activations stay on the GPU"))
-    _library_default(claims, "lora_rank", 8, default_origin(K.PEFT, "LoraConfig r=8"))
-    _library_default(claims, "lora_alpha", 8, default_origin(K.PEFT, "LoraConfig lora_alpha=8"))
-
-
-def _library_default(claims: Claims, name: str, value: Any, origin: Origin) -> None:
-    """transformers' or peft's default, unless a framework (LLaMA-Factory, axolotl, TRL) said its own."""
-    if not any(strength <= Strength.DEFAULT for _, _, strength in claims.said.get(name, ())):
-        claims.say(name, value, origin, Strength.DEFAULT)

@@ -33,7 +33,7 @@ from oomlab.launch.read import LaunchInputs, UserLaunch
 from oomlab.remedies.ladder import Decision, Rung, rung_words
 
 OPTIM_NAMES = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAMW_FUSED: "adamw_torch_fused",
-               Optimizer.ADAMW_8BIT: "adamw_bnb_8bit", Optimizer.SGD: "sgd"}
+               Optimizer.ADAMW_8BIT: "adamw_bnb_8bit", Optimizer.SGD: "sgd", Optimizer.ADAMW_HF: "adamw_hf"}
 _OFFLOAD = {"device": "cpu", "pin_memory": True}
 _SCALARS = (bool, int, float, str, type(None))
 

@@ -217,7 +217,7 @@ def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Ste
                 if s.base_dtype is BaseDtype.FP32 and s.method is not Method.FULL else None
         if rung is Rung.FUSED_OPTIMIZER:
             return Step(rung, s.with_(optimizer=Optimizer.ADAMW_FUSED), step.accumulation) \
-                if s.optimizer is Optimizer.ADAMW and not s.strategy.deepspeed else None
+                if s.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_HF) and not s.strategy.deepspeed else None
         if rung is Rung.PRECOMPUTE_REFERENCE:  # the trainer is kept: a DPO run's fix is still DPO
             return Step(rung, s.with_(reference=Reference.NONE), step.accumulation) \
                 if s.trainer in PRECOMPUTABLE and resident_reference(s) else None

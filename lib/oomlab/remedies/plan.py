@@ -227,9 +227,10 @@ def fold_label_twins(remedies: list[Remedy], bf16: bool) -> list[Remedy]:
     return [keep[id(r)] for r in remedies if id(r) in keep]
 
 
-# what no remedy of the grid changes: the training loop, its reference, the stack, the loss kernel, activation
-# offloading, the dtype the frozen base was loaded in (the ladder's rungs may: remedies.ladder)
-KEPT = ("trainer", "reference", "versions", "loss", "offload_activations", "base_dtype")
+# what no remedy changes: the training loop, its reference, the stack, the loss kernel, activation offloading (NB: the
+# dtype a LoRA base was loaded in is the configured row's only: every remedy's train.py loads it in half, and the
+# ladder's first rung does so for the user's own launch)
+KEPT = ("trainer", "reference", "versions", "loss", "offload_activations")
 
 
 def configured_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = DEFAULTS.nodes, *,
@@ -371,11 +372,11 @@ def make_plan(
         raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
                                 f"{spec.max_position_embeddings}: use a sequence length up to that")
     run = {"trainer": trainer, "reference": reference, "versions": versions, "loss": loss,
-           "offload_activations": offload_activations, "base_dtype": base_dtype}  # every remedy keeps these (KEPT)
+           "offload_activations": offload_activations}  # every remedy keeps these (KEPT)
     base = configured_setup(spec, gpu_spec, gpus, nodes, seq=seq, batch=batch, precision=precision,
                             optimizer=optimizer, checkpointing=checkpointing, attention=attention,
                             lora_rank=lora_rank, strategy=strategy, method=method, lora_targets=lora_targets,
-                            lora_alpha=lora_alpha, **run)
+                            lora_alpha=lora_alpha, base_dtype=base_dtype, **run)
     run["versions"] = base.versions  # parsed once
     evaluator = Evaluator(host_ram_bytes, outside_bytes)
     configured = evaluate_remedy(base, host_ram_bytes, assumptions=assumptions, evaluator=evaluator)

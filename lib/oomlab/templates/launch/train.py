@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-alpha", type=int, default=16)
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
-    p.add_argument("--optimizer", choices=("adamw", "adamw-fused", "adamw-8bit", "sgd"), default="adamw",
+    p.add_argument("--optimizer", choices=("adamw", "adamw-fused", "adamw-hf", "adamw-8bit", "sgd"), default="adamw",
                    help="adamw: torch AdamW (foreach on GPUs); adamw-fused: AdamW(fused=True), the HF Trainer's "
                         "default; adamw-8bit: bitsandbytes AdamW8bit; sgd: SGD with momentum 0.9")
     p.add_argument("--lr", type=float, default=2e-4)
@@ -159,6 +159,8 @@ def make_optimizer(args: argparse.Namespace, params: list[torch.nn.Parameter],
         return torch.optim.AdamW(params, lr=args.lr, fused=True)
     if args.optimizer == "sgd":
         return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+    if args.optimizer == "adamw-hf":  # transformers' own AdamW (gone in 5.x): torch's, one parameter at a time
+        return torch.optim.AdamW(params, lr=args.lr, foreach=False)
     return torch.optim.AdamW(params, lr=args.lr)  # foreach on CUDA (torch's default when neither flag is given)
 
 
