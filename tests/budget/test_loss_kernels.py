@@ -42,7 +42,8 @@ def test_the_setup_field_is_typed_and_defaults_to_the_standard_loss():
     assert make_setup().loss is Loss.STANDARD
     assert _lora("liger-flce").loss is Loss.LIGER_FLCE
     assert _lora("standard").with_(loss="cce").loss is Loss.CCE
-    with pytest.raises(UnknownNameError, match="unknown loss 'liger'.*cce, chunked, chunked-compiled, chunked-loss-compiled, chunked-no-upcast, liger-flce, standard"):
+    with pytest.raises(UnknownNameError, match="unknown loss 'liger'.*cce, chunked, chunked-compiled, "
+                       "chunked-loss-compiled, chunked-no-upcast, liger-flce, standard"):
         _lora("liger")
 
 
