@@ -365,7 +365,8 @@ def test_train_script_accepts_every_optimizer() -> None:
 
 def test_the_fix_launch_carries_the_loss_kernel() -> None:
     """Qwen2.5-7B LoRA on one RTX 4090 at 4 x 4096: the ladder's fix takes Liger's fused linear cross-entropy; its
-    name says so, its command passes --loss liger-flce, and train.py accepts each loss oomlab budgets."""
+    name says so, its command passes --loss liger-flce, and train.py accepts each loss its launches pass (a
+    framework's chunked loss -- torchtune's, litgpt's, axolotl's -- gets no launch of oomlab's)."""
     from oomlab.core.choices import Loss
     from oomlab.remedies.plan import plan_for
 
@@ -375,7 +376,12 @@ def test_the_fix_launch_carries_the_loss_kernel() -> None:
     command = launch_writer.plan_launch_command(plan, plan.fix, "Qwen/Qwen2.5-7B")
     assert command.endswith("--loss liger-flce")
     train = _train_module()
-    assert [train.parse_args(["--loss", x.value]).loss for x in Loss] == [x.value for x in Loss]
+    own = [x for x in Loss if not x.chunked]
+    assert [train.parse_args(["--loss", x.value]).loss for x in own] == [x.value for x in own]
+    chunked = plan_for(make_setup(model="qwen2.5-7b", gpu="rtx-4090", gpus=1, method="lora", precision="bf16-mixed",
+                                  batch=4, seq=4096, loss="chunked-loss-compiled"))
+    assert chunked.fix is not None
+    assert launch_writer.plan_launch_command(chunked, chunked.fix, "Qwen/Qwen2.5-7B") is None
 
 
 FSDP1_PATCHES = ("fsdp-distributed-type", "cpu-device-without-index", "fsdp1-sync-module-states")

@@ -55,7 +55,8 @@ def estimate(
     ``trainer``: the training loop (``sft``, ``dpo``, ``orpo``, ``kto``, ``grpo``, ``ppo``, ``reward``) and
     ``reference`` its reference model (``default``, ``resident``, ``none``): :mod:`oomlab.budget.trainers`.
     ``loss``: ``standard`` (transformers' loss over materialised logits), ``liger-flce`` (Liger's fused linear
-    cross-entropy) or ``cce`` (Cut Cross-Entropy): :mod:`oomlab.budget.loss_kernels`; ``offload_activations``: TRL's
+    cross-entropy), ``cce`` (Cut Cross-Entropy) or a framework's chunked loss (:class:`~oomlab.core.choices.Loss`):
+    :mod:`oomlab.budget.loss_kernels`; ``offload_activations``: TRL's
     activation offloading (:mod:`oomlab.budget.activation_offload`); ``base_dtype``: LoRA's frozen base as loaded,
     ``half`` or ``float32`` (transformers 4.x without ``torch_dtype``; :func:`oomlab.budget.states.fp32_loaded_base`).
     ``deepspeed``: DeepSpeed's knobs for the ``zero*`` strategies (default: what the HF integration resolves

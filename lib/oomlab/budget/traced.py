@@ -70,9 +70,11 @@ def _check_traceable(setup: TrainingSetup) -> None:
         raise InvalidValueError("activation offloading is analytic only: the traced step keeps its saved tensors on "
                                 "the device; use source='analytic' (oomlab.budget.activation_offload)")
     if setup.loss.fused:
-        raise InvalidValueError(
-            f"loss {setup.loss.value!r} is analytic only: its kernels are Triton's, which do not run on CPU, and the "
-            "traced step computes transformers' loss; use source='analytic' (oomlab.budget.loss_kernels)")
+        why = ("the traced step runs transformers' head and loss over the whole logits, not a framework's chunks"
+               if setup.loss.chunked else "its kernels are Triton's, which do not run on CPU, and the traced step "
+               "computes transformers' loss")
+        raise InvalidValueError(f"loss {setup.loss.value!r} is analytic only: {why}; use source='analytic' "
+                                "(oomlab.budget.loss_kernels)")
     if setup.strategy in (Strategy.ZERO1, Strategy.ZERO2):
         raise InvalidValueError(
             f"strategy {setup.strategy.value!r} is analytic only: DeepSpeed ZeRO has no PyTorch-native tracer on "

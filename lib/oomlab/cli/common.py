@@ -180,7 +180,9 @@ def add_loss_argument(parser: argparse.ArgumentParser, default: str | None) -> N
     parser.add_argument("--loss", choices=[m.value for m in Loss], default=default,
                         help="the causal-LM loss: standard = transformers' loss over the (tokens x vocab) logits; "
                         "liger-flce = Liger's fused linear cross-entropy (use_liger_kernel=True); cce = Cut "
-                        "Cross-Entropy (axolotl cut_cross_entropy)" + ("" if default else "; none: as the launch says"))
+                        "Cross-Entropy (axolotl cut_cross_entropy); chunked* = a framework's chunked head and loss "
+                        "(torchtune, litgpt, axolotl chunked_cross_entropy: oomlab.core.choices.Loss)"
+                        + ("" if default else "; none: as the launch says"))
 
 
 def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:

@@ -130,8 +130,9 @@ PARAMETERS: dict[str, Param] = {
         Param("reference", str, DEFAULTS.reference.value, "the trainer's reference model: default (as its config "
               "defaults it), resident, or none (precompute_ref_log_probs)", choices=tuple(r.value for r in Reference)),
         Param("loss", str, DEFAULTS.loss.value, "the user's loss kernel when no launch_dir says: standard "
-              "(transformers' loss over the logits), liger-flce (Liger's fused linear cross-entropy) or cce (Cut "
-              "Cross-Entropy)", choices=tuple(m.value for m in Loss)),
+              "(transformers' loss over the logits), liger-flce (Liger's fused linear cross-entropy), cce (Cut "
+              "Cross-Entropy) or a framework's chunked loss (chunked*: oomlab.core.choices.Loss)",
+              choices=tuple(m.value for m in Loss)),
         Param("offload_activations", bool, DEFAULTS.offload_activations, "the user's activation offloading (TRL's "
               "activation_offloading) when no launch_dir says"),
         Param("lora_targets", str, ",".join(DEFAULTS.lora_targets), "the user's LoRA target modules, "

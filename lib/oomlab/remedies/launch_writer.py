@@ -59,10 +59,14 @@ def launch_command(remedy: Remedy, model_id: str, seq: int, lora_rank: int = 8,
                    num_processes: int = 4, accumulation: int = 1, batch: int | None = None) -> str | None:
     """The exact command that launches ``remedy`` from inside the configs folder.
 
-    None where no launch file runs it: the device-map route, and pure fp16/bf16 (``train.py`` trains with fp32
-    trainable weights only).  A DeepSpeed remedy launches its own accelerate config (:mod:`.deepspeed_configs`).
+    None where no launch file runs it: the device-map route, pure fp16/bf16 (``train.py`` trains with fp32
+    trainable weights only) and a framework's chunked loss (torchtune's, litgpt's, axolotl's: ``train.py`` runs
+    transformers' head and loss, Liger's or Cut Cross-Entropy).  A DeepSpeed remedy launches its own accelerate config
+    (:mod:`.deepspeed_configs`).
     """
     if remedy.route is not Route.PROCESS_PER_GPU or remedy.strategy not in LAUNCHABLE:
+        return None
+    if remedy.setup is not None and remedy.setup.loss.chunked:
         return None
     mixed_precision = ACCELERATE_MIXED_PRECISION.get(remedy.precision)
     if mixed_precision is None:

@@ -338,9 +338,10 @@ def recommended_fix(r: dict[str, Any]) -> str:
               f"needs it):\n\n{rungs}\n\n") if steps else " "
     head = (f"**{md_text(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
             f"{format_size(rec['host_ram_bytes'])}.{ladder}")
-    if not plan.get("launch_command"):  # pure half precision or a device_map placement: no file of oomlab's runs it
+    if not plan.get("launch_command"):  # pure half, device_map, a framework's chunked loss: no file of oomlab's runs it
         return (head + "oomlab writes no launch file for this remedy (its `train.py` runs one process per GPU with "
-                "fp32 trained weights): make the changes above in your own launch, and keep the margin.")
+                "fp32 trained weights and transformers' own head and loss): make the changes above in your own "
+                "launch, and keep the margin.")
     return (head + f"The files are in {md_code(plan['config_dir'])} (the training script `train.py`, `LAUNCH.md` with "
             f"every command); run there:\n\n<pre>{esc(shell_lines(plan['launch_command']))}</pre>")
 
