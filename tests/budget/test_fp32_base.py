@@ -151,3 +151,18 @@ def test_the_pipeline_s_dtype_parameter_sets_it() -> None:
     assert str(given.fields["base_dtype"].origin) == "flag -p dtype=float32"
     assert user_launch(parse_params(lora), defaults).setup.base_dtype is BaseDtype.HALF
     assert "base_dtype" not in user_launch(parse_params(["gpus=1", "dtype=float32"]), defaults).fields  # full
+
+
+def test_the_knob_table_keeps_the_run_s_load_loop_and_stack() -> None:
+    """Each single change keeps the configured base dtype, trainer and versions (it budgeted SFT over a half base
+    before); a change to pure half loads the base in it."""
+    from oomlab.remedies.knobs import knob_table
+
+    _, fp32 = _pair()
+    base = fp32.with_(trainer="dpo", versions={"transformers": "4.46.0"})
+    rows = [r for r in knob_table(base, 64 * 2**30) if r.setup is not None]
+    assert rows
+    for row in rows:
+        assert (row.setup.trainer.value, row.setup.versions) == ("dpo", base.versions), row.changes
+        pure = row.setup.precision.value in ("bf16", "fp16")
+        assert row.setup.base_dtype is (BaseDtype.HALF if pure else BaseDtype.FP32), row.changes

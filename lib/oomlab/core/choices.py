@@ -134,6 +134,12 @@ class Optimizer(Choice):
         """Two full-precision moments per trained parameter (torch's AdamW, foreach or fused)?"""
         return self in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_HF)
 
+    @property
+    def remedy(self) -> bool:
+        """Would a plan offer it?  Not transformers' own AdamW: deprecated, gone from transformers 5 (a user's run may
+        still have it: the configured row keeps what the launch says)."""
+        return self is not Optimizer.ADAMW_HF
+
 
 class Trainer(Choice):
     """Which training loop runs the step: what is resident beside the trained model, and how many sequences a

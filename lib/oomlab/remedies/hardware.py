@@ -281,7 +281,8 @@ def _sound_axes(spec: ModelSpec, gpu: GPUSpec) -> tuple[tuple[Precision, ...], t
     are still checked whole (:attr:`Candidate.may_recommend`)."""
     probe = make_setup(gpus=1, model=spec, gpu=gpu, precision=Precision.FP32, optimizer=Optimizer.ADAMW)
     precisions = tuple(p for p in Precision if not any(c.harmful for c in caveats(replace(probe, precision=p))))
-    optimizers = tuple(o for o in Optimizer if not any(c.harmful for c in caveats(replace(probe, optimizer=o))))
+    optimizers = tuple(o for o in Optimizer
+                       if o.remedy and not any(c.harmful for c in caveats(replace(probe, optimizer=o))))
     return precisions, optimizers
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy, plain
+from oomlab.core.choices import BaseDtype, Method, Optimizer, Precision, Route, Strategy, plain
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.setup import TrainingSetup, make_setup
 from oomlab.remedies.remedy import Evaluator, reason
@@ -64,12 +64,18 @@ def _knob_setup(base: TrainingSetup, changes: Sequence[tuple[str, KnobValue]]) -
                               "optimizer": base.optimizer, "batch": base.batch, "seq": base.seq,
                               "checkpointing": base.checkpointing, "attention": base.attention,
                               "lora_rank": base.lora_rank, "lora_alpha": base.lora_alpha,
-                              "lora_targets": base.lora_targets}
+                              "lora_targets": base.lora_targets,
+                              # the run's loop, stack, loss and load, kept by every knob (the plan's KEPT and more)
+                              "trainer": base.trainer, "reference": base.reference, "versions": base.versions,
+                              "loss": base.loss, "offload_activations": base.offload_activations,
+                              "base_dtype": base.base_dtype}
     route = Route.PROCESS_PER_GPU
     for knob, value in changes:
         if value is Route.DEVICE_MAP:
             route, value = Route.DEVICE_MAP, Strategy.SINGLE
         kwargs[knob] = value
+    if Precision(kwargs["precision"]) in (Precision.FP16, Precision.BF16):  # pure half: the weights are loaded in it
+        kwargs["base_dtype"] = BaseDtype.HALF
     return make_setup(**kwargs), route
 
 

@@ -303,7 +303,8 @@ class Candidate:
 def plan_grid(spec: ModelSpec, gpu_spec: GPUSpec, gpus: int, nodes: int, *, batch: int, seq: int, attention: str,
               lora_rank: int, methods: Iterable[Method] = tuple(Method),
               precisions: Iterable[Precision] = tuple(Precision),
-              optimizers: Iterable[Optimizer] = tuple(Optimizer), run: Mapping[str, Any] | None = None
+              optimizers: Iterable[Optimizer] = tuple(o for o in Optimizer if o.remedy),
+              run: Mapping[str, Any] | None = None
               ) -> Iterator[Candidate]:
     """The plan's grid, in its order: route × strategy × method × precision × optimizer × checkpointing (each axis
     all its members unless narrowed), each validated by :func:`make_setup` (what it refuses is dropped with its
