@@ -106,10 +106,13 @@ def launch_note(setup: TrainingSetup) -> str:
         # (budget.deepspeed.optimizer_note, from the settings this note is not keyed by)
         return (f"{setup.precision.value} under DeepSpeed: every parameter cast to {half} in place (adapters too), no "
                 "autocast, an fp32 master partition; the optimizer: see the DeepSpeed notes")
-    else:
+    elif setup.method is Method.FULL:
         precision = (f"{setup.precision.value} under accelerate (or the HF Trainer): torch.autocast({half}) around the "
                      "forward over fp32 weights, their half copies cached until the forward ends; outputs converted "
                      "to fp32")
+    else:  # autocast caches only the casts of leaves that need a gradient: the adapters
+        precision = (f"{setup.precision.value} under accelerate (or the HF Trainer): torch.autocast({half}) around the "
+                     "forward, the adapters' half copies cached until the forward ends; outputs converted to fp32")
     if states.kbit_upcast(setup):
         precision += (f"; the frozen base in 4 bits (computed in {half}), its other parameters upcast to fp32 by "
                       "peft's prepare_model_for_kbit_training, peft's adapters in fp32")
