@@ -22,6 +22,7 @@ from oomlab.budget import states, workspace
 from oomlab.budget.activation_offload import offload_tensors
 from oomlab.budget.deepspeed import deepspeed_phases, model_dtype_bytes, zero_states
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
+from oomlab.budget.frameworks import litgpt_states, litgpt_tensors
 from oomlab.budget.fsdp import fsdp_phases
 from oomlab.budget.loss_kernels import loss_tensors
 from oomlab.budget.result import MemCategory, Phase
@@ -48,7 +49,7 @@ def model_states(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = Non
             held_gradients=z.held_gradients, replica=states.weight_bytes_total(setup),
             host_per_node=setup.gpus * z.host)
     if found is None:
-        found = _STATES[key] = ModelStates(
+        found = _STATES[key] = litgpt_states(setup, ModelStates(
             weights=states.weights_on_gpu(setup), gradients=states.gradients_on_gpu(setup),
             # torch's mixed precision keeps no master copy: the fp32 weights are the master (DeepSpeed's: ZeroStates)
             master_weights=0, optimizer_state=states.optimizer_on_gpu(setup),
@@ -56,7 +57,7 @@ def model_states(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = Non
             grad_bytes=states.grad_bytes_per_param(setup), held_gradients=0,
             # the offloaded states, unsharded: a node's ranks hold 1 / nodes of them on its host
             replica=states.weight_bytes_total(setup), host_per_node=states.host_bytes_total(setup) // setup.nodes,
-        )
+        ))  # litgpt's own model and optimizer where the versions name it (.frameworks)
     return found
 
 
@@ -74,13 +75,14 @@ def step_tensors(setup: TrainingSetup) -> StepTensors:
         recompute_acts = layer_inputs_bytes(setup) + act.layer_activation_bytes(setup)
         recompute_fixed = act.layer_fixed_bytes(setup) + workspace.in_layer_backward_bytes(
             setup, workspace.recompute_gradient_bytes(setup))
-    # a fused loss (Liger, Cut Cross-Entropy) replaces the logits' terms; offloading moves the saved activations
-    return offload_tensors(setup, loss_tensors(setup, StepTensors(
+    # a fused loss (Liger, Cut Cross-Entropy) replaces the logits' terms, litgpt's loop under Fabric its own;
+    # offloading moves the saved activations
+    return offload_tensors(setup, litgpt_tensors(setup, loss_tensors(setup, StepTensors(
         layer_activations=saved - loss_saved, autocast_copies=act.autocast_copy_bytes(setup),
         autocast_cache=act.autocast_cache_bytes(setup), logits=logits, logits_fp32=logits_fp32,
         log_softmax=lg.log_softmax + capped, loss_grad=lg.grad, recompute_activations=recompute_acts,
         recompute_workspace=recompute_fixed, input_leaf=act.input_leaf_bytes(setup),
-    )))
+    ))))
 
 
 def logits_at_loss(setup: TrainingSetup, half_logits: int, fp32_copy: int) -> tuple[int, int]:
@@ -139,6 +141,14 @@ def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, d
         # forward), checkpointed or not
         MemCategory.WORKSPACE: max(t.autocast_copies, t.autocast_cache) + buckets,
     }
+    if t.head_forward or t.carried:
+        # litgpt: past the last layer, before its loop rebinds ``logits``: the head's output (Fabric's fp32 copies) with
+        # the previous micro-batch's logits and graph still held
+        head = {**forward, MemCategory.ACTIVATIONS: t.layer_activations + t.carried_activations,
+                MemCategory.LOGITS_LOSS: t.head_forward + t.carried_logits}
+        forward = max(forward, head, key=lambda d: sum(d.values()))
+    carried = {MemCategory.ACTIVATIONS: t.carried_activations, MemCategory.LOGITS_LOSS: t.carried_logits}
+    carried = {k: v for k, v in carried.items() if v}  # held past backward and through the step (litgpt's loop)
     candidates = [
         {  # start: the loss gradients, every saved tensor still held
             **held,
@@ -147,7 +157,7 @@ def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, d
             MemCategory.WORKSPACE: t.autocast_copies + buckets,
         },
         {  # end: every gradient held, activations freed
-            **held, MemCategory.GRADIENTS: s.gradients, MemCategory.WORKSPACE: buckets,
+            **held, MemCategory.GRADIENTS: s.gradients, MemCategory.WORKSPACE: buckets, **carried,
         },
     ]
     if setup.model.tie_word_embeddings and setup.method is Method.FULL:
@@ -165,7 +175,8 @@ def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, d
         candidates.append({**held, MemCategory.ACTIVATIONS: t.recompute_activations, MemCategory.GRADIENTS: trained,
                            MemCategory.WORKSPACE: t.recompute_workspace + buckets})
     backward = max(candidates, key=lambda d: sum(d.values()))
-    optimizer = {**held, MemCategory.GRADIENTS: s.gradients, MemCategory.WORKSPACE: buckets + s.optimizer_temps}
+    optimizer = {**held, MemCategory.GRADIENTS: s.gradients, MemCategory.WORKSPACE: buckets + s.optimizer_temps,
+                 **carried}
     return {Phase.FORWARD: forward, Phase.BACKWARD: backward, Phase.OPTIMIZER: optimizer}
 
 

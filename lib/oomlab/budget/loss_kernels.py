@@ -66,8 +66,11 @@ sources' own code run under torch's profiler (tests/budget/test_loss_kernels_chu
   ``[self.lm_head(x_i) for x_i in x.split(lm_head_chunk_size, dim=1)]``; ``litgpt/finetune/lora.py`` :287-291
   ``model(input_ids, lm_head_chunk_size=128)``, the loss, then
   ``fabric.backward`` with ``logits`` still bound; ``litgpt/utils.py`` :268-277 ``cross_entropy(logit_chunk, ...,
-  reduction="none")`` per chunk with no upcast: the log-softmax in the logits' dtype (fp32 only where autocast runs
-  ``log_softmax`` in fp32; litgpt's ``bf16-true`` and its quantized runs have none).
+  reduction="none")`` per chunk with no upcast: the log-softmax in the logits' dtype.  NB: litgpt's scripts run under
+  Lightning Fabric, whose ``convert_output`` casts the model's output to fp32 before the loss (Lightning 2.4.0
+  fabric/wrappers.py :140-143, plugins/precision/half.py :61-62, bitsandbytes.py :155-156): where the versions name
+  litgpt the chunks reach the loss in fp32 (:func:`_logit_bytes`) and :mod:`.frameworks` budgets the rest of its
+  loop; the half log-softmax is the loss run on its own.
 - axolotl 0.18.0 (tag v0.18.0, commit 2f5cb9da62a0fe763a1ddeb7798fc9acb2f4a417)
   ``src/axolotl/monkeypatch/loss/chunked.py`` :74-79 compiles ``compute_cross_entropy`` (torchtune's, copied: :11,
   :33-35), :93-96 chunks transformers' whole logits (``source.chunk(8, dim=1)``), :127-134 replaces
@@ -276,10 +279,13 @@ def chunked_loss_bytes(loss: Loss, tokens: int, rows: int, vocab: int, logit: in
 
 
 def _logit_bytes(setup: TrainingSetup) -> int:
-    """Bytes per logit as the head returns them: the compute dtype; fp32 where transformers before 4.46 upcast them in
-    the model's forward (axolotl's loss runs on transformers' head)."""
+    """Bytes per logit as the loss receives them: the compute dtype; fp32 where transformers before 4.46 upcast them
+    in the model's forward (axolotl's loss runs on transformers' head), and litgpt's under Lightning Fabric, whose
+    ``convert_output`` casts the model's output to the default dtype (Lightning 2.4.0 fabric/wrappers.py :140-143,
+    plugins/precision/half.py :61-62, bitsandbytes.py :155-156)."""
     upcast = setup.loss is Loss.CHUNKED_LOSS_COMPILED and not applies(Fact.LOSS_UPCASTS_LOGITS, setup.versions)
-    return FP32 if upcast else _compute(setup)
+    fabric = setup.loss is Loss.CHUNKED_NO_UPCAST and setup.versions.framework == "litgpt"
+    return FP32 if upcast or fabric else _compute(setup)
 
 
 def chunked_tensors(setup: TrainingSetup, t: StepTensors) -> StepTensors:
@@ -318,6 +324,10 @@ def loss_note(setup: TrainingSetup) -> str | None:
     if setup.loss.chunked:
         rows = chunk_tokens(setup.loss, setup.batch, setup.seq)
         what, source = CHUNKED_NOTES[setup.loss]
+        if setup.loss is Loss.CHUNKED_NO_UPCAST and setup.versions.framework == "litgpt":
+            what = ("litgpt's chunked head and chunked_cross_entropy under Lightning Fabric: fp32 logits "
+                    "(convert_output) and an fp32 log-softmax, the previous micro-batch's logits held into the next "
+                    "forward (oomlab.budget.frameworks)")
         return f"loss: {what}, chunks of {rows} rows × {spec.vocab_size} ({source})"
     return None
 

@@ -70,6 +70,10 @@ class StepTensors:
     recompute_workspace: int  # checkpointing: the recomputed layer's fixed bytes and gradient temporaries
     input_leaf: int = 0  # QLoRA under peft's enable_input_require_grads: the embedding output leaf and its gradient
     host_activations: int = 0  # activation offloading: the saved activations in pinned host memory (per process)
+    head_forward: int = 0  # litgpt: the head's output at its largest before the loss (chunks, Fabric's fp32 copies)
+    head_backward: int = 0  # litgpt: inside the head's backward (the fp32 logits, the chunks' half gradients)
+    carried_activations: int = 0  # litgpt: the previous micro-batch's saved tensors the loop still holds
+    carried_logits: int = 0  # litgpt: the previous micro-batch's logits the loop still holds (until the forward ends)
 
     @property
     def logits_forward(self) -> int:
@@ -78,8 +82,14 @@ class StepTensors:
 
     @property
     def loss_backward(self) -> int:
-        """The start of backward: the saved log-softmax and the loss's two (tokens x vocab) gradients."""
-        return self.log_softmax + 2 * self.loss_grad
+        """The start of backward: the saved log-softmax and the loss's two (tokens x vocab) gradients (or, where
+        larger, the head's own backward: ``head_backward``)."""
+        return max(self.log_softmax + 2 * self.loss_grad, self.head_backward)
+
+    @property
+    def carried(self) -> int:
+        """What the loop holds from the previous micro-batch (litgpt's ``logits`` and its graph)."""
+        return self.carried_activations + self.carried_logits
 
 
 @dataclass(frozen=True)
