@@ -32,7 +32,7 @@ def launch_name(setup: TrainingSetup) -> str:
     """The launch as the remedy table names it (``DDP · full fine-tuning · fp16-mixed · adamw``)."""
     s = setup
     return remedy_name(Route.PROCESS_PER_GPU, s.strategy, s.method, s.precision, s.optimizer, s.checkpointing,
-                       s.lora_rank)
+                       s.lora_rank, s.base_dtype)
 
 
 def is_seed_launch(launch: UserLaunch, dtype: str) -> bool:

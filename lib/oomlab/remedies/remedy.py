@@ -9,7 +9,7 @@ from typing import Any
 from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import BudgetResult, MemCategory
 from oomlab.budget.states import weight_bytes_total
-from oomlab.core.choices import Method, Optimizer, Precision, Route, Strategy
+from oomlab.core.choices import BaseDtype, Method, Optimizer, Precision, Route, Strategy
 from oomlab.core.search import largest_true
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
@@ -136,11 +136,13 @@ def launcher(route: Route, strategy: Strategy) -> str:
 
 
 def remedy_name(route: Route, strategy: Strategy, method: Method, precision: Precision, optimizer: Optimizer,
-                checkpointing: bool, lora_rank: int) -> str:
-    """A readable name: ``FSDP full shard · LoRA r8 · fp16-mixed · adamw · checkpointing``."""
+                checkpointing: bool, lora_rank: int, base_dtype: BaseDtype = BaseDtype.HALF) -> str:
+    """A readable name: ``FSDP full shard · LoRA r8 · fp16-mixed · adamw · checkpointing`` (``LoRA r8 over an fp32
+    base`` where the frozen base stays as loaded in fp32)."""
     s = "device_map='auto'" if route is Route.DEVICE_MAP else _STRATEGY_NAMES[strategy]
     m = {Method.FULL: "full fine-tuning", Method.LORA: f"LoRA r{lora_rank}", Method.QLORA: f"QLoRA r{lora_rank}"}
-    parts = [s, m[method], precision.value, optimizer.value] + (["checkpointing"] if checkpointing else [])
+    over = " over an fp32 base" if base_dtype is BaseDtype.FP32 and method is not Method.FULL else ""
+    parts = [s, m[method] + over, precision.value, optimizer.value] + (["checkpointing"] if checkpointing else [])
     return " · ".join(parts)
 
 
@@ -279,7 +281,7 @@ def evaluate_remedy(setup: TrainingSetup, host_ram_bytes: int, *, route: Route =
         tps = step.tokens_per_s
     return Remedy(
         name=remedy_name(route, setup.strategy, setup.method, setup.precision, setup.optimizer, setup.checkpointing,
-                         setup.lora_rank),
+                         setup.lora_rank, setup.base_dtype),
         route=route, strategy=setup.strategy, method=setup.method, precision=setup.precision,
         optimizer=setup.optimizer, checkpointing=setup.checkpointing, offload=offload_of(route, setup.strategy),
         fits=ev.fits, reason=reason(ev, setup, host_ram_bytes), per_gpu_peak_bytes=ev.per_gpu_peak_bytes,
