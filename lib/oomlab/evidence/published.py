@@ -258,7 +258,8 @@ def _gap_lines(comparisons: Sequence[Comparison], secondary: Sequence[SecondaryC
         f"(compiled per chunk) saves {format_size(-chain[1].published_bytes)}; oomlab's chunked-compiled loss saves "
         f"{format_size(-chain[1].estimate_bytes)}. Rows missing a first-order feature are *approximated*: their "
         "error says what the missing features are worth, not how far oomlab's model of what it does model is off.",
-        f"2. **oomlab's LoRA adapters are fp32 (peft); torchtune's and litgpt's are bf16.** torchtune's tutorial "
+        f"2. **oomlab's LoRA adapters are fp32 (peft); torchtune's are bf16** (litgpt's are budgeted in bf16 where "
+        "the versions name litgpt, `oomlab.budget.frameworks`). torchtune's tutorial "
         f"rank 8 → 64 on every projection adds {format_signed_size(dtype.published_bytes)}; oomlab adds "
         f"{format_signed_size(dtype.estimate_bytes)}, as it counts 16 bytes of weight, gradient and AdamW state "
         "(plus foreach AdamW's temporary) per adapter parameter where bf16 adapters need 8. oomlab cannot express "
@@ -266,11 +267,13 @@ def _gap_lines(comparisons: Sequence[Comparison], secondary: Sequence[SecondaryC
         f"3. **QLoRA is underestimated outside the steady step.** Right after model init torchtune's QLoRA tutorial "
         f"already reserves {format_size(init.metric.value_bytes)}, against oomlab's "
         f"{format_size(init.estimate_bytes)} of weights ({_pct(init.error)}), presumably what quantizing the "
-        "checkpoint on the GPU leaves cached, and that sets the reserved peak. litgpt's QLoRA rows are "
-        f"{_pct(min(lit['qlora']))} … {_pct(max(lit['qlora']))} while its LoRA rows are "
-        f"{_pct(min(lit['lora']))} … {_pct(max(lit['lora']))}, "
-        "at the same length limit, so the gap is QLoRA's own (litgpt reads max_memory_allocated once after fit(), "
-        "loading included; its bnb.nf4 has no double quantization). Where loading does not matter, the quantized "
+        "checkpoint on the GPU leaves cached, and that sets the reserved peak. litgpt's rows, budgeted as its loop "
+        "runs under Lightning Fabric (`oomlab.budget.frameworks`: the previous micro-batch's fp32 logits -- and under "
+        "bitsandbytes 0.42.0 every 4-bit input its graph keeps -- held into the next forward, the 4-bit head's fp16 "
+        "and bf16 dequantized copies, a separate head where Llama-3.2 ties it, NF4 without double quantization, "
+        f"PagedAdamW), are {_pct(min(lit['qlora']))} … {_pct(max(lit['qlora']))} (QLoRA) and "
+        f"{_pct(min(lit['lora']))} … {_pct(max(lit['lora']))} (LoRA): their gap was litgpt's loop, not loading "
+        "(litgpt quantizes one weight at a time as it loads). Where loading does not matter, the quantized "
         f"weights are right: torchtune's LoRA → QLoRA saves {format_size(-quant.published_bytes)}, oomlab "
         f"{format_size(-quant.estimate_bytes)}.",
         f"4. **The static part is right; the step's outputs are not held in oomlab's optimizer phase.** Right after "
@@ -384,7 +387,8 @@ def render_markdown(comparisons: Sequence[Comparison]) -> str:
         "*approximated* ones miss a first-order feature (see the gaps below).", "",
         "Each row is estimated at the releases it ran (the *stack* column, `setup.versions` in the data file; "
         "`oomlab.core.versions`): a torchtune or litgpt row names its framework, which runs no peft preparation; "
-        "litgpt's QLoRA ran bitsandbytes 0.42.0, whose `MatMul4Bit` kept each 4-bit projection's input.", "",
+        "litgpt's rows ran bitsandbytes 0.42.0, whose `MatMul4Bit` kept each 4-bit projection's input, and are "
+        "budgeted as litgpt's own model and loop under Lightning Fabric (`oomlab.budget.frameworks`).", "",
         "## Issue 24's targets", "", *target_lines(comparisons), "",
         "## Every estimated row", "",
         "| id | model | GPU | method | precision | optimizer | batch × seq | ckpt | stack | metric | published | "
