@@ -234,3 +234,22 @@ def test_the_carried_tensors_enter_the_forward_and_the_step() -> None:
     carried = 4 * 1024 * 128_256
     assert r.phases[Phase.OPTIMIZER][MemCategory.LOGITS_LOSS] == carried
     assert r.phases[Phase.FORWARD][MemCategory.LOGITS_LOSS] >= carried
+
+
+# ------------------------------------------------------------------------------------------ torchtune's adapters
+
+TUNE_LORA = dict(model="llama-3.2-3b", gpu="a100-80gb", method="lora", precision="bf16", batch=2, seq=4096,
+                 lora_rank=64, lora_targets=("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                 versions={"torchtune": "0.4.0"})
+
+
+@pytest.mark.parametrize(("optimizer", "temps"), [("adamw", 1), ("adamw-fused", 0)])
+def test_torchtune_adapters_are_bf16(optimizer: str, temps: int) -> None:
+    """torchtune's adapters, their gradients and AdamW state in bf16: 8 bytes per adapter parameter (peft: 16); foreach
+    AdamW's temporary one bf16 moment."""
+    tune = take_inventory(make_setup(**TUNE_LORA, optimizer=optimizer)).states
+    peft = take_inventory(make_setup(**{**TUNE_LORA, "versions": {"peft": "0.13.2"}}, optimizer=optimizer)).states
+    lora = 28 * 64 * (2 * 3072 + (3072 + 1024) + 2 * 3072 + 3 * (3072 + 8192))  # 89,899,008
+    assert (tune.gradients, tune.optimizer_state, tune.optimizer_temps) == (2 * lora, 4 * lora, temps * 2 * lora)
+    assert peft.weights - tune.weights == 2 * lora
+    assert peft.gradients == 4 * lora

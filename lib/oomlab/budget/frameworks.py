@@ -1,6 +1,7 @@
-"""What litgpt's own fine-tuning step holds, where it differs from transformers + peft's: its model states (an untied
-head, a quantized head, NF4 without double quantization, half adapters, bitsandbytes' paged AdamW) and the tensors of
-its loop under Lightning Fabric (the logits in fp32, the previous micro-batch's graph kept into the next forward).
+"""What the training frameworks' own steps hold, where they differ from transformers + peft's.  litgpt: its model
+states (an untied head, a quantized head, NF4 without double quantization, half adapters, bitsandbytes' paged AdamW)
+and the tensors of its loop under Lightning Fabric (the logits in fp32, the previous micro-batch's graph kept into
+the next forward).  torchtune: its LoRA adapters in the model's dtype (:func:`torchtune_states`).
 
 Applies where the user's versions name litgpt (``versions.framework == "litgpt"``, :mod:`oomlab.core.versions`) and
 the loss is litgpt's chunked head (``setup.loss`` ``chunked-no-upcast``: ``finetune/lora.py``'s
@@ -68,7 +69,7 @@ from oomlab.core.setup import TrainingSetup
 
 __all__ = ["LITGPT_SOURCE", "NF4_BITS", "PAGED_MIN_ELEMENTS", "LitgptLoopBytes", "carried_input_bytes",
            "litgpt_loop_bytes", "litgpt_parameters", "litgpt_states", "litgpt_tensors", "loop_budgeted",
-           "runs_litgpt"]
+           "runs_litgpt", "framework_states", "torchtune_states"]
 
 LITGPT_SOURCE = ("litgpt 00af8b0d (0.4.13.dev1) finetune/lora.py :304-314, lora.py :551-553, utils.py :293-320; "
                  "Lightning 2.4.0 fabric/wrappers.py :140-143, plugins/precision/bitsandbytes.py :129-144, :155-156, "
@@ -148,6 +149,28 @@ def litgpt_states(setup: TrainingSetup, s: ModelStates) -> ModelStates:
         temps = adapter * lora if setup.optimizer is Optimizer.ADAMW else 0  # foreach: one state-sized sqrt
     return replace(s, weights=weights, replica=weights, gradients=adapter * lora, grad_bytes=adapter,
                    optimizer_state=optimizer, optimizer_temps=temps)
+
+
+def torchtune_states(setup: TrainingSetup, s: ModelStates) -> ModelStates:
+    """``s`` (peft's fp32 adapters) with torchtune's: its recipes build the model -- ``LoRALinear``'s ``lora_a`` and
+    ``lora_b`` ``nn.Linear`` modules included (``torchtune/modules/peft/lora.py`` :91-92 at v0.4.0, :68-69 at v0.1.0)
+    -- under ``training.set_default_dtype(self._dtype)`` (``recipes/lora_finetune_single_device.py`` :419-420 at
+    v0.4.0; ``utils.set_default_dtype`` :254-255 at v0.1.0): with ``dtype: bf16`` the adapters, their gradients and
+    their optimizer state are bf16 (foreach AdamW's temporary one bf16 moment)."""
+    if setup.versions.framework != "torchtune" or setup.method is Method.FULL or not _half_true(setup) \
+            or setup.strategy.fsdp or setup.strategy.deepspeed:
+        return s
+    lora = states.lora_parameters(setup)
+    narrower = (FP32 - HALF) * lora
+    eight_bit = setup.optimizer is Optimizer.ADAMW_8BIT  # its state is 8-bit whatever the parameter's dtype
+    return replace(s, weights=s.weights - narrower, replica=s.replica - narrower, gradients=HALF * lora,
+                   grad_bytes=HALF, optimizer_state=s.optimizer_state if eight_bit else s.optimizer_state // 2,
+                   optimizer_temps=s.optimizer_temps // 2)
+
+
+def framework_states(setup: TrainingSetup, s: ModelStates) -> ModelStates:
+    """``s`` as the framework the versions name holds its model states (litgpt's, torchtune's; else ``s``)."""
+    return torchtune_states(setup, litgpt_states(setup, s))
 
 
 def carried_input_bytes(setup: TrainingSetup) -> int:

@@ -22,7 +22,7 @@ from oomlab.budget import states, workspace
 from oomlab.budget.activation_offload import offload_tensors
 from oomlab.budget.deepspeed import deepspeed_phases, model_dtype_bytes, zero_states
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
-from oomlab.budget.frameworks import litgpt_states, litgpt_tensors
+from oomlab.budget.frameworks import framework_states, litgpt_tensors
 from oomlab.budget.fsdp import fsdp_phases
 from oomlab.budget.loss_kernels import loss_tensors
 from oomlab.budget.result import MemCategory, Phase
@@ -49,7 +49,7 @@ def model_states(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = Non
             held_gradients=z.held_gradients, replica=states.weight_bytes_total(setup),
             host_per_node=setup.gpus * z.host)
     if found is None:
-        found = _STATES[key] = litgpt_states(setup, ModelStates(
+        found = _STATES[key] = framework_states(setup, ModelStates(
             weights=states.weights_on_gpu(setup), gradients=states.gradients_on_gpu(setup),
             # torch's mixed precision keeps no master copy: the fp32 weights are the master (DeepSpeed's: ZeroStates)
             master_weights=0, optimizer_state=states.optimizer_on_gpu(setup),
@@ -57,7 +57,7 @@ def model_states(setup: TrainingSetup, deepspeed: DeepSpeedSettings | None = Non
             grad_bytes=states.grad_bytes_per_param(setup), held_gradients=0,
             # the offloaded states, unsharded: a node's ranks hold 1 / nodes of them on its host
             replica=states.weight_bytes_total(setup), host_per_node=states.host_bytes_total(setup) // setup.nodes,
-        ))  # litgpt's own model and optimizer where the versions name it (.frameworks)
+        ))  # litgpt's or torchtune's own where the versions name one (.frameworks)
     return found
 
 

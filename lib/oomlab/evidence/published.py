@@ -258,12 +258,11 @@ def _gap_lines(comparisons: Sequence[Comparison], secondary: Sequence[SecondaryC
         f"(compiled per chunk) saves {format_size(-chain[1].published_bytes)}; oomlab's chunked-compiled loss saves "
         f"{format_size(-chain[1].estimate_bytes)}. Rows missing a first-order feature are *approximated*: their "
         "error says what the missing features are worth, not how far oomlab's model of what it does model is off.",
-        f"2. **oomlab's LoRA adapters are fp32 (peft); torchtune's are bf16** (litgpt's are budgeted in bf16 where "
-        "the versions name litgpt, `oomlab.budget.frameworks`). torchtune's tutorial "
-        f"rank 8 → 64 on every projection adds {format_signed_size(dtype.published_bytes)}; oomlab adds "
-        f"{format_signed_size(dtype.estimate_bytes)}, as it counts 16 bytes of weight, gradient and AdamW state "
-        "(plus foreach AdamW's temporary) per adapter parameter where bf16 adapters need 8. oomlab cannot express "
-        "model-dtype adapters.",
+        f"2. **peft's LoRA adapters are fp32; torchtune's and litgpt's are bf16**, budgeted so where the versions "
+        "name the framework (`oomlab.budget.frameworks`): 8 bytes of weight, gradient and AdamW state per adapter "
+        "parameter (plus foreach AdamW's bf16 temporary) where peft's need 16. torchtune's tutorial rank 8 → 64 on "
+        f"every projection adds {format_signed_size(dtype.published_bytes)}; oomlab adds "
+        f"{format_signed_size(dtype.estimate_bytes)}.",
         f"3. **QLoRA is underestimated outside the steady step.** Right after model init torchtune's QLoRA tutorial "
         f"already reserves {format_size(init.metric.value_bytes)}, against oomlab's "
         f"{format_size(init.estimate_bytes)} of weights ({_pct(init.error)}), presumably what quantizing the "
