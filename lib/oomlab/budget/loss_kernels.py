@@ -327,7 +327,8 @@ def loss_note(setup: TrainingSetup) -> str | None:
         if setup.loss is Loss.CHUNKED_NO_UPCAST and setup.versions.framework == "litgpt":
             what = ("litgpt's chunked head and chunked_cross_entropy under Lightning Fabric: fp32 logits "
                     "(convert_output) and an fp32 log-softmax, the previous micro-batch's logits held into the next "
-                    "forward (oomlab.budget.frameworks)")
+                    "forward; litgpt's own model: a separate head (4-bit under QLoRA, NF4 without double "
+                    "quantization, PagedAdamW), half adapters (oomlab.budget.frameworks)")
         return f"loss: {what}, chunks of {rows} rows × {spec.vocab_size} ({source})"
     return None
 

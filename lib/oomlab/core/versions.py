@@ -272,8 +272,9 @@ FACTS = tuple(Fact)
 
 
 # What torchtune's and litgpt's own code does where a fact is transformers' or peft's: no peft preparation (their
-# adapters go on their own modules), their loss on half logits chunk by chunk (the newest behaviour's bytes or fewer),
-# their own MoE and optimizer code (the newest).
+# adapters go on their own modules), their loss chunk by chunk (the newest behaviour's bytes or fewer; litgpt's runs
+# on Fabric's fp32 logits, budgeted with the rest of its loop by oomlab.budget.frameworks), their own MoE and
+# optimizer code (the newest).
 FRAMEWORK_BEHAVIOUR = {Fact.PEFT_KBIT_UPCAST: False, Fact.LOSS_UPCASTS_LOGITS: True, Fact.LOSS_SHIFTS_LABELS: True,
                        Fact.MOE_EXPERTS_3D: True, Fact.TRAINER_FUSED_ADAMW: True, Fact.LOAD_DTYPE_AUTO: True,
                        Fact.LOAD_STREAMS: True, Fact.TRAINER_ADAMW_TORCH: True, Fact.SDPA_DEFAULT: True}
