@@ -32,6 +32,7 @@ from typing import Any
 from oomlab.core.choices import Method, Optimizer, Precision, Route, choice
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.gpus import GPUSpec, known_gpus, load_gpu
+from oomlab.core.memo import BoundedMemo
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.prices import (
     HOST_RAM_AUTO,
@@ -49,6 +50,7 @@ from oomlab.remedies.placement import DeviceMapPlacement
 from oomlab.remedies.plan import HEADROOM_GAIN, Candidate, fold_label_twins, plan_grid, rank_key, recommend
 from oomlab.remedies.remedy import Evaluation, Evaluator, Remedy, caveats, evaluate_remedy, reason, remedy_name
 from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, describe_assumptions, step_time
+from oomlab.remedies.twins import twin_key
 
 __all__ = ["DEFAULT_COUNTS", "HardwareOption", "HardwareSearch", "gpu_counts", "search_hardware"]
 
@@ -297,9 +299,10 @@ def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes
     candidate whose floor on this GPU cannot fit is not budgeted (counted as reached); None budgets every candidate
     reached (the reference the tests compare with)."""
     precisions, optimizers = _sound_axes(spec, gpu)
+    # the device-map route writes no launch files, so the plan never recommends it (Candidate.may_recommend)
     cands = [c for c in plan_grid(spec, gpu, gpus, nodes, batch=1, seq=seq, attention=attention,
                                   lora_rank=lora_rank, methods=methods, precisions=precisions,
-                                  optimizers=optimizers) if c.may_recommend]
+                                  optimizers=optimizers, routes=(Route.PROCESS_PER_GPU,)) if _may_recommend(c)]
     cap = assumptions.throughput_batch_cap
     bounded = []
     for i, c in enumerate(cands):
@@ -357,6 +360,21 @@ def best_on(spec: ModelSpec, gpu: GPUSpec, gpus: int, nodes: int, host_ram_bytes
     return remedy, remedy.reason, len(cands), len(reached)
 
 
+# whether the plan could recommend a candidate reads nothing of the GPU (launch files, caveats): once per twin
+_RECOMMENDABLE: BoundedMemo[tuple, bool] = BoundedMemo()
+
+
+def _may_recommend(c: Candidate) -> bool:
+    """:attr:`Candidate.may_recommend`, remembered for its twins on the other GPU types (:mod:`.twins`)."""
+    if c.setup is None:
+        return False
+    key = (c.route, twin_key(c.setup))
+    found = _RECOMMENDABLE.get(key)
+    if found is None:
+        found = _RECOMMENDABLE[key] = c.may_recommend
+    return found
+
+
 def _twin_key(f: tuple[tuple, Candidate, Evaluation, float]) -> tuple:
     """What label twins share (:func:`~oomlab.remedies.plan.fold_label_twins` compares every figure; these suffice to
     gather every possible twin)."""
@@ -405,29 +423,34 @@ def search_hardware(
     auto = host_ram is None or (isinstance(host_ram, str) and host_ram.strip().lower() == HOST_RAM_AUTO)
     given_host = None if auto else resolve_host_ram(host_ram, "", 0).host_ram_bytes
     table = prices if isinstance(prices, PriceTable) else load_prices(prices)
-    options, floors = [], PeakFloors() if use_floors else None
-    for gpu in gpu_specs:
-        for n_nodes in searched_nodes:
-            for count in counts if n_nodes == 1 else (max_gpus,):
-                if given_host is not None:
-                    host, host_source = given_host, "given"
-                else:
-                    assumed = assumed_host_ram(gpu.name, count, table)
-                    host, host_source = assumed.host_ram_bytes, f"assumed: {assumed.source}"
-                remedy, why, n_cands, n_budgeted = best_on(
-                    spec, gpu, count, n_nodes, host, seq=seq, methods=chosen, attention=attention,
-                    lora_rank=lora_rank, assumptions=assumptions, outside_bytes=outside_bytes,
-                    floors=floors)
-                options.append(HardwareOption(
-                    gpu=gpu.name, display_name=gpu.display_name, gpus=count, nodes=n_nodes, host_ram_bytes=host,
-                    host_ram_source=host_source, remedy=remedy, reason=why, candidates=n_cands,
-                    budgeted=n_budgeted, price=row_price(table, gpu.name, count, n_nodes),
-                    gpu_capacity_bytes=gpu.total_memory_bytes))
+    floors = PeakFloors() if use_floors else None
+    rows = [(gpu, n_nodes, count) for gpu in gpu_specs for n_nodes in searched_nodes
+            for count in (counts if n_nodes == 1 else (max_gpus,))]
+    options: dict[int, HardwareOption] = {}  # by row, as shown
+    # searched the largest GPUs first (then as given): their budgets reach few candidates, each a floor that lets the
+    # smaller GPUs skip many (the answer is the same in any order, test_any_gpu_unchanged); shown as given
+    for k in sorted(range(len(rows)), key=lambda k: (-rows[k][0].total_memory_bytes, k)):
+        gpu, n_nodes, count = rows[k]
+        if given_host is not None:
+            host, host_source = given_host, "given"
+        else:
+            assumed = assumed_host_ram(gpu.name, count, table)
+            host, host_source = assumed.host_ram_bytes, f"assumed: {assumed.source}"
+        remedy, why, n_cands, n_budgeted = best_on(
+            spec, gpu, count, n_nodes, host, seq=seq, methods=chosen, attention=attention,
+            lora_rank=lora_rank, assumptions=assumptions, outside_bytes=outside_bytes,
+            floors=floors)
+        options[k] = HardwareOption(
+            gpu=gpu.name, display_name=gpu.display_name, gpus=count, nodes=n_nodes, host_ram_bytes=host,
+            host_ram_source=host_source, remedy=remedy, reason=why, candidates=n_cands,
+            budgeted=n_budgeted, price=row_price(table, gpu.name, count, n_nodes),
+            gpu_capacity_bytes=gpu.total_memory_bytes)
     said = describe_assumptions(gpu_specs[0], assumptions)[1:] if gpu_specs else []
     notes = (f"cost per million training tokens at {table.source}: a dated list price, not a quote",
              "each row: the plan's recommendation on that hardware (no harmful caveat, launch files written)",
              *said)
-    return HardwareSearch(model=spec.name, methods=chosen, seq=seq, lora_rank=lora_rank, options=tuple(options),
+    return HardwareSearch(model=spec.name, methods=chosen, seq=seq, lora_rank=lora_rank,
+                          options=tuple(options[k] for k in range(len(rows))),
                           prices_source=table.source, assumptions=notes, seconds=time.perf_counter() - start)
 
 

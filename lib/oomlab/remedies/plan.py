@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from oomlab.budget.result import Fit
@@ -304,26 +304,30 @@ def plan_grid(spec: ModelSpec, gpu_spec: GPUSpec, gpus: int, nodes: int, *, batc
               lora_rank: int, methods: Iterable[Method] = tuple(Method),
               precisions: Iterable[Precision] = tuple(Precision),
               optimizers: Iterable[Optimizer] = tuple(o for o in Optimizer if o.remedy),
-              run: Mapping[str, Any] | None = None
+              run: Mapping[str, Any] | None = None, routes: Iterable[Route] = tuple(Route)
               ) -> Iterator[Candidate]:
     """The plan's grid, in its order: route × strategy × method × precision × optimizer × checkpointing (each axis
-    all its members unless narrowed), each validated by :func:`make_setup` (what it refuses is dropped with its
-    message); ``run``: what every candidate keeps of the user's run (:data:`KEPT`)."""
+    all its members unless narrowed: ``routes`` too), each validated by :func:`make_setup` (what it refuses is dropped
+    with its message); ``run``: what every candidate keeps of the user's run (:data:`KEPT`)."""
     run = dict(run or {})
     one_gpu = gpus * nodes == 1  # no multi-GPU strategy on one GPU (ONE_GPU_NOTE)
     # every name looked up once: each candidate is this probe with its five axes, validated as make_setup validates
     probe = make_setup(model=spec, gpu=gpu_spec, gpus=gpus, nodes=nodes, batch=batch, seq=seq, attention=attention,
                        lora_rank=lora_rank, **run)
-    routes = [(Route.PROCESS_PER_GPU, s) for s in Strategy if not (one_gpu and s in MULTI_GPU_ONLY)]
-    if not one_gpu:
-        routes.append((Route.DEVICE_MAP, Strategy.SINGLE))
-    grid = itertools.product(routes, tuple(methods), tuple(precisions), tuple(optimizers), (False, True))
+    searched = tuple(routes)
+    pairs = [(Route.PROCESS_PER_GPU, s) for s in Strategy if not (one_gpu and s in MULTI_GPU_ONLY)] \
+        if Route.PROCESS_PER_GPU in searched else []
+    if not one_gpu and Route.DEVICE_MAP in searched:
+        pairs.append((Route.DEVICE_MAP, Strategy.SINGLE))
+    grid = itertools.product(pairs, tuple(methods), tuple(precisions), tuple(optimizers), (False, True))
+    kept = {f.name: getattr(probe, f.name) for f in fields(probe)}  # what replace(probe, ...) copies, read once
     for (route, strategy), method, prec, opt, ckpt in grid:
         if route is Route.DEVICE_MAP and nodes > 1:
             continue  # device_map places within one node
         try:
-            setup = validate(replace(probe, strategy=launch_strategy(strategy, gpus * nodes), method=method,
-                                     precision=prec, optimizer=opt, checkpointing=ckpt))
+            setup = validate(TrainingSetup(**{**kept, "strategy": launch_strategy(strategy, gpus * nodes),
+                                              "method": method, "precision": prec, "optimizer": opt,
+                                              "checkpointing": ckpt}))
         except InvalidValueError as err:
             yield Candidate(route, strategy, method, prec, opt, ckpt, None, f"dropped: {err}")
             continue

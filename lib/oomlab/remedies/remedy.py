@@ -15,6 +15,7 @@ from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
 from oomlab.core.words import count
 from oomlab.remedies.launch_files import files_for
+from oomlab.remedies.peak_floor import Floor
 from oomlab.remedies.placement import DeviceMapPlacement, place_device_map, replace_peak
 from oomlab.remedies.throughput import DEFAULT_ASSUMPTIONS, Assumptions, StepTime, step_time
 
@@ -232,6 +233,11 @@ class Evaluator:
                           result.breaking_component, result.fits, result.host_ram_bytes <= self.host_ram_bytes,
                           result)
 
+    def cannot_fit(self, setup: TrainingSetup, route: Route, batch: int | None = None) -> Floor | None:
+        """A floor of ``setup``'s budget (at micro-batch ``batch``) that shows it cannot fit, else None: this evaluator
+        knows none (the hardware search's does, :mod:`oomlab.remedies.peak_floor`)."""
+        return None
+
 
 def reason(ev: Evaluation, setup: TrainingSetup, host_ram_bytes: int) -> str:
     """Why the evaluation fits or not, in one line."""
@@ -267,7 +273,7 @@ def evaluate_remedy(setup: TrainingSetup, host_ram_bytes: int, *, route: Route =
     placement = ev.placement
 
     def fits_batch(b: int) -> bool:
-        return ev_fn(replace(setup, batch=b), placement, route).fits
+        return ev_fn.cannot_fit(setup, route, b) is None and ev_fn(replace(setup, batch=b), placement, route).fits
 
     def fits_seq(s: int) -> bool:
         return ev_fn(replace(setup, batch=1, seq=s), placement, route).fits

@@ -33,8 +33,10 @@ from oomlab.budget.states import (
 )
 from oomlab.core.choices import Method, Precision, Route, Strategy
 from oomlab.core.gpus import GPUSpec
+from oomlab.core.memo import BoundedMemo
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import ceil_div
+from oomlab.remedies.twins import twin_key
 
 
 @dataclass(frozen=True)
@@ -242,13 +244,48 @@ def host_link_bytes(setup: TrainingSetup) -> int:
 DEQUANTIZE_BYTES_PER_PARAM_PASS = 4.5
 
 
-def dequantize_seconds(setup: TrainingSetup) -> float:
-    """Seconds per micro-batch step the 4-bit weights' dequantization costs (0 unless QLoRA)."""
+def dequantize_bytes(setup: TrainingSetup) -> float:
+    """Bytes per micro-batch step the 4-bit weights' dequantization moves through GPU memory (0 unless QLoRA)."""
     if setup.method is not Method.QLORA:
         return 0.0
     passes = 3 if setup.checkpointing else 2
-    traffic = passes * quantized_parameters(setup) * DEQUANTIZE_BYTES_PER_PARAM_PASS
-    return traffic / setup.gpu.memory_bandwidth_bytes_per_s
+    return passes * quantized_parameters(setup) * DEQUANTIZE_BYTES_PER_PARAM_PASS
+
+
+def dequantize_seconds(setup: TrainingSetup) -> float:
+    """Seconds per micro-batch step the 4-bit weights' dequantization costs (0 unless QLoRA)."""
+    return _traffic(setup).dequantize_bytes / setup.gpu.memory_bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What a step computes and moves, per GPU, whatever the GPU: the terms :func:`step_time` divides by the GPU's
+    rates."""
+
+    flops_per_token: int  # :func:`flops_per_token`, all passes
+    collective_bytes: int  # :func:`collective_bytes`
+    host_link_bytes: int  # :func:`host_link_bytes`
+    host_optimizer_params: int | None  # parameters the host steps (per job); None when the optimizer is on the GPU
+    dequantize_bytes: float  # :func:`dequantize_bytes`
+
+
+def traffic(setup: TrainingSetup) -> Traffic:
+    """The GPU-independent terms of ``setup``'s step time (none of these functions reads the GPU)."""
+    on_host = share(setup, MemCategory.OPTIMIZER_STATE) is Share.HOST
+    return Traffic(flops_per_token(setup).total, collective_bytes(setup), host_link_bytes(setup),
+                   trainable_parameters(setup) if on_host else None, dequantize_bytes(setup))
+
+
+# step_time is asked about the same setup on every GPU type the hardware search tries (twins: :mod:`.twins`)
+_TRAFFIC: BoundedMemo[tuple, Traffic] = BoundedMemo()
+
+
+def _traffic(setup: TrainingSetup) -> Traffic:
+    key = twin_key(setup)
+    found = _TRAFFIC.get(key)
+    if found is None:
+        found = _TRAFFIC[key] = traffic(setup)
+    return found
 
 
 def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Route.PROCESS_PER_GPU,
@@ -259,22 +296,24 @@ def step_time(setup: TrainingSetup, assumptions: Assumptions, route: Route = Rou
     peak = gpu.peak_fp32_flops if setup.precision is Precision.FP32 else (
         gpu.peak_bf16_flops if setup.precision.uses_bf16 and gpu.peak_bf16_flops else gpu.peak_fp16_flops)
     tokens = (setup.batch if batch is None else batch) * setup.seq
-    compute = tokens * flops_per_token(setup).total / (peak * mfu_for(gpu, assumptions)[0])
+    terms = _traffic(setup)
+    compute = tokens * terms.flops_per_token / (peak * mfu_for(gpu, assumptions)[0])
+    dequantize = terms.dequantize_bytes / gpu.memory_bandwidth_bytes_per_s
     link, peer = gpu.host_link_bytes_per_s, gpu.gpu_to_gpu_bytes_per_s
     if route is Route.DEVICE_MAP:
         # activations (and their gradients) cross each GPU boundary once each way
         crossing = 2 * (setup.gpus - 1) * tokens * setup.model.hidden_size * act.stream_bytes(setup)
-        return StepTime(compute, crossing / peer, 0.0, 0.0, tokens, dequantize_seconds(setup))
+        return StepTime(compute, crossing / peer, 0.0, 0.0, tokens, dequantize)
     # NB: NVLink within a node; between nodes the collectives cross the network, not modelled (the same link)
-    collectives = collective_bytes(setup) / peer
-    host = host_link_bytes(setup) / link
+    collectives = terms.collective_bytes / peer
+    host = terms.host_link_bytes / link
     host_opt = 0.0
-    if share(setup, MemCategory.OPTIMIZER_STATE) is Share.HOST:
-        host_opt = trainable_parameters(setup) / setup.nodes / assumptions.host_optimizer_params_per_s
+    if terms.host_optimizer_params is not None:
+        host_opt = terms.host_optimizer_params / setup.nodes / assumptions.host_optimizer_params_per_s
     parallel = 1 if setup.strategy is Strategy.SINGLE else setup.world_size
     if assumptions.overlap:
         compute, collectives, host = max(compute, collectives, host), 0.0, 0.0
-    return StepTime(compute, collectives, host, host_opt, parallel * tokens, dequantize_seconds(setup))
+    return StepTime(compute, collectives, host, host_opt, parallel * tokens, dequantize)
 
 
 _CAUSES = (("compute_s", "more compute (recomputed forwards, smaller matmuls)"),
