@@ -256,15 +256,17 @@ def _configured_row(remedy: Remedy, setup: TrainingSetup) -> Remedy:
     each GPU), then the step; ``fails_at_load`` when that move already fails."""
     if setup.strategy not in (Strategy.SINGLE, Strategy.DDP):
         return remedy
+    dtype = "float32" if setup.base_dtype is BaseDtype.FP32 and setup.method is not Method.FULL else "float16"
     try:
-        need = replica_reserved_bytes(setup.model.name, "float16")
+        need = replica_reserved_bytes(setup.model.name, dtype)
     except OomlabError:  # a model given by path, or one the walk cannot build: state the step only
         return remedy
     usable = setup.gpu.total_memory_bytes - case_outside(setup.model.name, setup.gpu, setup.world_size).context_bytes
     fails = need > usable
     where = "fails before training: " if fails else ""
     return replace(remedy, fails_at_load=fails, reason=(
-        f"{where}model.to('cuda') of the fp16 replica reserves {format_size(need)} on each GPU, "
+        f"{where}model.to('cuda') of the {'fp32' if dtype == 'float32' else 'fp16'} replica reserves "
+        f"{format_size(need)} on each GPU, "
         f"{format_size(usable)} usable (notebook 01); the training step: {remedy.reason}"))
 
 
