@@ -166,3 +166,38 @@ def test_the_knob_table_keeps_the_run_s_load_loop_and_stack() -> None:
         assert (row.setup.trainer.value, row.setup.versions) == ("dpo", base.versions), row.changes
         pure = row.setup.precision.value in ("bf16", "fp16")
         assert row.setup.base_dtype is (BaseDtype.HALF if pure else BaseDtype.FP32), row.changes
+
+
+def test_a_full_run_loaded_in_fp32_switched_to_lora_loads_the_base_in_half(tmp_path) -> None:
+    """A Trainer script without torch_dtype (transformers 4.46: fp32) whose fix is LoRA: the LoRA rung loads the
+    base in half and says where; the full run's base dtype travels with its setup (it changes no full budget)."""
+    launch = read_launch(LaunchInputs(command="python train.py --bf16 --per_device_train_batch_size 4 "
+                                              "--gradient_checkpointing --max_seq_length 4096",
+                                      model="llama-3.1-8b", gpu="a100-40gb", gpus=1,
+                                      versions=versions_from("transformers==4.46.0")))
+    assert launch.setup.base_dtype is BaseDtype.FP32 and "base_dtype" not in launch.fields
+    assert estimate(model="llama-3.1-8b", gpu="a100-40gb", gpus=1, precision="bf16-mixed",
+                    base_dtype="float32").per_gpu_peak_bytes == estimate(
+        model="llama-3.1-8b", gpu="a100-40gb", gpus=1, precision="bf16-mixed").per_gpu_peak_bytes
+    result = check_launch(LaunchInputs(gpu="a100-40gb"), launch=launch)
+    fixed = result.decision.setup
+    assert fixed is not None and fixed.method is not Method.FULL, result.decision.tried
+    assert fixed.base_dtype is BaseDtype.HALF
+    method_how = next(h for h in result.smallest_fix.how if h.startswith("method"))
+    assert "the base loaded in bfloat16 (from_pretrained(..., torch_dtype=torch.bfloat16) in the script)" in method_how
+
+
+@pytest.mark.parametrize(("trl", "claim", "flag"), [("0.19.0", False, "--torch_dtype"), ("0.21.0", False, "--dtype"),
+                                                    ("1.0.0", True, "--dtype")])
+def test_trl_s_load_dtype_by_release(trl: str, claim: bool, flag: str) -> None:
+    """ModelConfig's load dtype: torch_dtype before TRL 0.21, dtype after; float32 by default from PR #4778 (taken
+    from 1.0.0), None before (from_pretrained's own default: fp32 under transformers 4.x, half under 5.x)."""
+    from oomlab.launch.check import _load_dtype_flag
+
+    launch = read_launch(LaunchInputs(
+        command="trl sft --model_name_or_path meta-llama/Llama-2-7b-hf --use_peft --bf16", model="llama-2-7b",
+        gpu="a100-80gb", gpus=1, versions=versions_from(f"trl=={trl},transformers==5.2.0")))
+    said = "ModelConfig dtype='float32'" in str(launch.fields["load_dtype"].origin)
+    assert said is claim
+    assert launch.setup.base_dtype is (BaseDtype.FP32 if claim else BaseDtype.HALF)
+    assert _load_dtype_flag(launch) == flag

@@ -166,3 +166,14 @@ def test_trainer_default_optimizer(pins: str, optim: str) -> None:
     from oomlab.core.versions import trainer_default_optimizer
 
     assert trainer_default_optimizer(parse_versions(pins)) == optim
+
+
+def test_a_freeze_file_does_not_name_the_framework(tmp_path) -> None:
+    """litgpt installed beside transformers says nothing of which code trains: a freeze file's litgpt is skipped (a
+    Trainer launch keeps peft's preparation); --versions litgpt==X names it."""
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("litgpt==0.4.0\ntransformers==4.46.0\npeft==0.13.2\n")
+    versions = versions_from(str(freeze))
+    assert versions.framework == "transformers" and versions.release("litgpt") is None
+    assert applies(Fact.PEFT_KBIT_UPCAST, versions)
+    assert versions_from("litgpt==0.4.0").framework == "litgpt"

@@ -129,14 +129,15 @@ def test_check_gives_a_verdict_end_to_end() -> None:
 
 def test_defaults_follow_the_release_given() -> None:
     """--versions trl==0.21.0: no checkpointing default yet (TRL 0.22.0 added it: transformers' False), bf16 = not
-    fp16 already (since 0.19.0); trl==0.13.0's DPOConfig had no max_length default (oomlab's assumption then)."""
+    fp16 already (since 0.19.0); trl==0.13.0's DPOConfig had no max_length default (oomlab's assumption then).  The
+    transformers of those releases (4.x) loads fp32 without a dtype, so the run stays mixed."""
     command = "trl dpo --model_name_or_path x"
-    f = _read(command, gpus=1, versions=versions_from("trl==0.21.0")).fields
+    f = _read(command, gpus=1, versions=versions_from("trl==0.21.0,transformers==4.55.0")).fields
     assert f["checkpointing"].value is False and "transformers" in str(f["checkpointing"].origin)
     assert f["precision"].value is Precision.BF16_MIXED
     assert str(f["precision"].origin) == ("default of TRL 0.21.0 (given) (bf16 = not fp16, the default since TRL "
                                           "0.19.0 (trl/trainer/sft_config.py:252, dpo_config.py:441 at v0.19.0))")
-    old = _read(command, gpus=1, versions=versions_from("trl==0.13.0")).fields
+    old = _read(command, gpus=1, versions=versions_from("trl==0.13.0,transformers==4.47.0")).fields
     assert old["seq"].origin.kind is OriginKind.ASSUMED and old["precision"].value is Precision.FP32
     new = _read(command, gpus=1).fields  # TRL not installed here: the release read, 1.16.0
     assert new["checkpointing"].value is True and str(new["checkpointing"].origin).startswith("default of TRL 1.16.0")

@@ -14,7 +14,7 @@ from oomlab.budget.inventory import model_states
 from oomlab.budget.loss_kernels import loss_note
 from oomlab.budget.result import ALLOCATED, BudgetResult, Fit
 from oomlab.budget.trainers import trainer_terms
-from oomlab.core.choices import Optimizer, Precision, Strategy, Trainer
+from oomlab.core.choices import Method, Optimizer, Precision, Strategy, Trainer
 from oomlab.core.defaults import DEFAULTS, launch_strategy
 from oomlab.core.errors import OomlabError
 from oomlab.core.setup import TrainingSetup, make_setup
@@ -32,7 +32,8 @@ def render_budget(result: BudgetResult) -> str:
         + ("" if s.trainer is Trainer.SFT else f", trainer {s.trainer.value}")
         + (f", loss {s.loss.value}" if s.loss.fused else "")
         + (", activations offloaded" if s.offload_activations else "")
-        + (f", base loaded in {s.base_dtype.value}" if s.base_dtype is not DEFAULTS.base_dtype else "")
+        + (f", base loaded in {s.base_dtype.value}" if s.base_dtype is not DEFAULTS.base_dtype
+           and s.method is not Method.FULL else "")
         + f" [{result.source.value}]",
         f"peak in the {result.peak_phase.value} phase:",
     ]

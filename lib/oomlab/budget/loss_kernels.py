@@ -137,7 +137,7 @@ def _head_weight_bytes(setup: TrainingSetup) -> int:
 def _head_copy(setup: TrainingSetup) -> int:
     """Autocast's half copy of an fp32 head, which the standard budget keeps for backward (``autocast_copy_bytes``)."""
     r = act.regime(setup)
-    fp32_head = setup.method is Method.FULL or act.kbit_upcast(setup)
+    fp32_head = setup.method is Method.FULL or act.kbit_upcast(setup) or act.fp32_base(setup)
     return HALF * setup.model.vocab_size * setup.model.hidden_size if r is Regime.AUTOCAST and fp32_head else 0
 
 

@@ -150,12 +150,13 @@ def parse_versions(text: str) -> Versions:
 
 def read_freeze_file(path: str | os.PathLike[str]) -> Versions:
     """A ``pip freeze`` file: its ``name==release`` lines for the packages oomlab reads (others, comments, editable
-    and URL requirements are skipped)."""
+    and URL requirements are skipped).  NB: not torchtune's or litgpt's: installed beside transformers they do not say
+    which code trains (a Trainer launch stays transformers'); ``--versions litgpt==X`` names the framework."""
     text = read_user_text(path, "pip freeze file")
     pairs = {}
     for line in text.splitlines():
         match = _FREEZE_LINE.match(line.strip())
-        if match and _normal(match.group(1)) in KNOWN:
+        if match and _normal(match.group(1)) in KNOWN and _normal(match.group(1)) not in FRAMEWORKS:
             pairs[match.group(1)] = match.group(2)
     if not pairs:
         raise InvalidValueError(f"pip freeze file {shown(str(path))} names none of the packages oomlab reads "

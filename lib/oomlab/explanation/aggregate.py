@@ -40,7 +40,7 @@ ZERO_ON_GPU = frozenset({Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3})  # the
 FSDP = frozenset({Strategy.FSDP, Strategy.FSDP_OFFLOAD, Strategy.FSDP2, Strategy.FSDP2_OFFLOAD})
 FSDP_ON_GPU = frozenset({Strategy.FSDP, Strategy.FSDP2})
 FULL_TRAINING = frozenset({Method.FULL})  # states of every parameter: not LoRA's adapters only
-ADAM = frozenset({Optimizer.ADAMW, Optimizer.ADAMW_FUSED})
+ADAM = frozenset({Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_HF})  # two full-precision moments
 
 
 class AggregateKind(Choice):

@@ -37,6 +37,7 @@ from oomlab.launch.paths import ROWS, LoadPath, load_path_of
 from oomlab.launch.read import LaunchInputs, UserLaunch
 from oomlab.launch.resolve import read_launch
 from oomlab.launch.rewrite import ChangedFile, FileKind, changed_files, user_files
+from oomlab.launch.trl_config import DTYPE_FLAG_SINCE
 from oomlab.remedies.ladder import COST, KIND, Decision, Rung, Step, climb
 from oomlab.remedies.remedy import Evaluator, launcher
 from oomlab.reproduction.apply_walk import move_replica
@@ -254,7 +255,10 @@ def _how(launch: UserLaunch, step: Step) -> str:
              "loss": _liger_how(launch, style),
              "base_dtype": _half_base_how(launch, fix),
              "method": "a peft LoraConfig (adapter_config.json)" + (" over a bitsandbytes 4-bit base" if fix.method
-                                                                    is Method.QLORA else "")}
+                                                                    is Method.QLORA else "")
+                       + (f", the base loaded in {fix.precision.compute_dtype} ({_half_base_how(launch, fix)})"
+                          if launch.setup.base_dtype is BaseDtype.FP32 and fix.base_dtype is BaseDtype.HALF
+                          else "")}
     return f"{knob} {shown}: {flags.get(knob, shown)}{where}{cost}"
 
 
@@ -276,7 +280,8 @@ def _load_dtype_flag(launch: UserLaunch) -> str | None:
     if sourced is not None and sourced.origin.kind is OriginKind.FLAG and sourced.origin.where.startswith("--"):
         return sourced.origin.where.split("=")[0].split()[0]
     if launch.command is not None and framework_of(launch.command) is Framework.TRL:
-        return "--dtype"
+        release = launch.setup.versions.release("trl")
+        return "--torch_dtype" if release is not None and release < DTYPE_FLAG_SINCE else "--dtype"
     return None
 
 

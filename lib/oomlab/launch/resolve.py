@@ -364,7 +364,7 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         fields["precision"], precision = trained, trained.value
         unmodelled += [refused] if refused is not None else []
     base = frozen_base_dtype(fields.get("load_dtype"), method.value, precision)
-    if method.value is not Method.FULL:  # full fine-tuning's weights follow the precision
+    if method.value is not Method.FULL:  # full fine-tuning's weights follow the precision: the field is not shown
         fields["base_dtype"] = base
     setup = make_setup(strategy=strategy, precision=precision, optimizer=fields["optimizer"].value,
                        trainer=kind.value, reference=reference.value, versions=versions,

@@ -47,12 +47,14 @@ def trained_precision(precision: Sourced, load_dtype: Sourced | None, strategy: 
 
 
 def frozen_base_dtype(load_dtype: Sourced | None, method: Method, precision: Precision) -> Sourced:
-    """The dtype a LoRA / QLoRA launch's frozen base is stored in: fp32 where the launch loads it in fp32 under a
-    mixed precision -- a file or flag says so, a framework's default does (TRL's ``ModelConfig`` ``dtype``), or
-    transformers 4.x's ``from_pretrained`` default does (no ``torch_dtype``: ``torch.float``) -- its origin the load
-    dtype's; else half.  An assumed load dtype changes nothing.  Full fine-tuning's weights follow the precision."""
-    if (method is not Method.FULL and load_dtype is not None and load_dtype.value == "float32"
-            and precision in _MIXED and load_dtype.origin.kind is not OriginKind.ASSUMED):
+    """The dtype a launch's frozen base is stored in: fp32 where the launch loads the model in fp32 under a mixed
+    precision -- a file or flag says so, a framework's default does (TRL's ``ModelConfig`` ``dtype``), or transformers
+    4.x's ``from_pretrained`` default does (no ``torch_dtype``: ``torch.float``) -- its origin the load dtype's; else
+    half.  An assumed load dtype changes nothing.  Said of full fine-tuning too, where it changes no budget (the
+    weights follow the precision) but travels with the setup: a fix that turns the run into LoRA starts from the
+    fp32 load the user's script makes (the ladder's LoRA rung loads it in half, and says so)."""
+    if (load_dtype is not None and load_dtype.value == "float32" and precision in _MIXED
+            and load_dtype.origin.kind is not OriginKind.ASSUMED):
         return Sourced(BaseDtype.FP32, load_dtype.origin)
     why = "full fine-tuning's weights follow the precision" if method is Method.FULL else \
         "the frozen base stored in the precision's half dtype, as loaded"

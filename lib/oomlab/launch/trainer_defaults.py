@@ -47,12 +47,14 @@ def trainer_defaults(claims: Claims, trainer: bool, spec: ModelSpec, versions: V
              f"the pipeline's seq default {ASSUMED_SEQ}, at most {spec.name}'s max_position_embeddings"),
             ("lora_targets", DEFAULT_LORA_TARGETS, "oomlab's LoRA targets (the attention projections)")):
         claims.say(name, value, assumed(why), Strength.ASSUMED)
-    if applies(Fact.SDPA_DEFAULT, versions):
+    torch = versions.release("torch")  # transformers' is_torch_sdpa_available: torch >= 2.1.1
+    if applies(Fact.SDPA_DEFAULT, versions) and (torch is None or torch >= (2, 1, 1)):
         _library_default(claims, "attention", Attention.SDPA, default_origin(t, "attn_implementation='sdpa' where "
                                                                               "torch has it"))
     else:
         _library_default(claims, "attention", Attention.EAGER, default_origin(t, (
-            f"the eager attention: no SDPA before {Fact.SDPA_DEFAULT.release_text} ({Fact.SDPA_DEFAULT.value})")))
+            f"the eager attention: no SDPA before {Fact.SDPA_DEFAULT.release_text} ({Fact.SDPA_DEFAULT.value}) nor "
+            "under torch < 2.1.1 (is_torch_sdpa_available)")))
     _library_default(claims, "method", Method.FULL, default_origin(t, "no adapter: every parameter trains"))
     _library_default(claims, "loss", Loss.STANDARD, default_origin(t, "use_liger_kernel=False: the loss over the "
                                                                       "(tokens x vocab) logits"))

@@ -63,6 +63,12 @@ _FACTS = {
     "bf16": ((0, 19, 0), "bf16 = not fp16 (trl/trainer/base_config.py:108)",
              "trl/trainer/sft_config.py:252, dpo_config.py:441 at v0.19.0"),
 }
+# ModelConfig's load dtype: named torch_dtype before 0.21 (dtype after: huggingface/gpt-oss-recipes PR #29, "use
+# ModelConfig.dtype when available (TRL >= 0.21)"), defaulting to None (from_pretrained's own default) until PR #4778
+# "Set dtype default to float32" (merged 2026-01-06); 1.0.0 (2026-03-31) is the first release known to carry it (NB: the
+# 0.2x releases between are taken as before, unchecked)
+DTYPE_FLAG_SINCE = (0, 21, 0)
+DTYPE_FLOAT32_SINCE = (1, 0, 0)
 DPO_MAX_LENGTH_SINCE = (0, 14, 0)  # DPOConfig max_length=1024 from v0.14.0 (None before: no bound oomlab can read)
 # each config's max_length default (None: the length is the prompt's plus the completion's, not bounded as one)
 MAX_LENGTH = {"sft": (1024, "sft_config.py:202-203"), "dpo": (1024, "dpo_config.py:195-196"),
@@ -144,7 +150,7 @@ def read_trl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gpu: s
             (script != "dpo" or release >= DPO_MAX_LENGTH_SINCE):  # DPO before 0.14: max_length None
         value, where = MAX_LENGTH[script]
         say_default(claims, "seq", value, label, f"max_length={value} (trl/trainer/{where})")
-    if not any(look(k)[0] for k in K.DTYPE_KEYS):  # the scripts load the model in ModelConfig.dtype
+    if not any(look(k)[0] for k in K.DTYPE_KEYS) and release >= DTYPE_FLOAT32_SINCE:  # scripts load ModelConfig.dtype
         claims.say("load_dtype", "float32", default_origin(label, "ModelConfig dtype='float32' "
                                                                     "(trl/trainer/model_config.py:89-90)"),
                    Strength.WEAK)

@@ -57,9 +57,9 @@ def user_launch(params: Mapping[str, Any], defaults: Mapping[str, Any] | None = 
     else:
         fields["load_dtype"] = Sourced(dtype, flag_origin(f"-p dtype={dtype}"))
     base = frozen_base_dtype(fields["load_dtype"], setup.method, setup.precision)
-    if setup.method is not Method.FULL:  # -p dtype=float32 under LoRA: the base stays fp32
+    setup = setup.with_(base_dtype=base.value)  # -p dtype=float32 under LoRA: the base stays fp32
+    if setup.method is not Method.FULL:  # full fine-tuning's weights follow the precision: the field is not shown
         fields["base_dtype"] = base
-        setup = setup.with_(base_dtype=base.value)
     fields["zero3_init"] = Sourced(True, assumed("a ZeRO-3 launch loads under zero.Init, as the HF Trainer does"))
     ordered = {name: fields[name] for name in SETUP_ORDER if name in fields}
     return UserLaunch(setup=setup, fields=ordered, deepspeed=None, launcher=None, hf_trainer=True, command=None,

@@ -246,10 +246,11 @@ def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Ste
             counts = [n for n in (2, 4, 8) if s.gpus < n <= MAX_GPUS_PER_NODE_LADDER]
             gpus = next((n for n in counts if fits(s.with_(gpus=n))), counts[-1])  # the fewest that fit
             return Step(rung, s.with_(gpus=gpus), max(1, step.accumulation * s.gpus // gpus))
-        if rung is Rung.LORA:
-            return Step(rung, s.with_(method=Method.LORA), step.accumulation) if s.method is Method.FULL else None
+        if rung is Rung.LORA:  # adapters over a base loaded in half, as any LoRA launch should load it
+            return Step(rung, s.with_(method=Method.LORA, base_dtype=BaseDtype.HALF), step.accumulation) \
+                if s.method is Method.FULL else None
         if rung is Rung.QLORA:
-            return Step(rung, s.with_(method=Method.QLORA), step.accumulation) \
+            return Step(rung, s.with_(method=Method.QLORA, base_dtype=BaseDtype.HALF), step.accumulation) \
                 if s.method is not Method.QLORA else None
         if rung is Rung.SHORTER_SEQ:
             seq = next((q for q in _halvings(s.seq) if q < s.seq and fits(s.with_(seq=q))), None)
