@@ -147,3 +147,20 @@ def test_a_beta_that_is_no_number_is_refused() -> None:
     """GRPO's --beta nan is refused naming the flag and the value."""
     with pytest.raises(InvalidValueError, match="flag --beta nan: expected a number, got 'nan'"):
         _read("trl grpo --model_name_or_path x --beta nan", gpus=1)
+
+
+def test_grpo_s_sequence_is_prompt_plus_completion(tmp_path: Path) -> None:
+    """GRPO bounds the prompt and the generated completion apart: their sum is the budget's seq, from the flags or the
+    YAML; a length key given says it instead; one bound alone leaves the assumption."""
+    f = _read("trl grpo --model_name_or_path x --max_prompt_length 512 --max_completion_length 1024", gpus=1).fields
+    assert f["seq"].value == 1536 and "--max_prompt_length" in str(f["seq"].origin)
+    assert "--max_completion_length" in str(f["seq"].origin)
+    config = tmp_path / "grpo.yaml"
+    config.write_text("max_prompt_length: 256\nmax_completion_length: 768\n")
+    assert _read(f"trl grpo --model_name_or_path x --config {config}", gpus=1).fields["seq"].value == 1024
+    assert _read("trl grpo --model_name_or_path x --max_prompt_length 512 --max_completion_length 1024 "
+                 "--max_length 2048", gpus=1).fields["seq"].value == 2048
+    alone = _read("trl grpo --model_name_or_path x --max_completion_length 1024", gpus=1).fields["seq"]
+    assert alone.origin.kind is OriginKind.ASSUMED
+    with pytest.raises(InvalidValueError, match="max_prompt_length"):
+        _read("trl grpo --model_name_or_path x --max_prompt_length lots --max_completion_length 1024", gpus=1)

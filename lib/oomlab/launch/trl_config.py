@@ -11,8 +11,8 @@ reads):
 - ``max_length`` 1024: ``SFTConfig`` (``trl/trainer/sft_config.py:202-203``; named ``max_seq_length`` before TRL
   0.16, also 1024), ``DPOConfig`` (``dpo_config.py:195-196``), ``KTOConfig`` (``kto_config.py:166-167``),
   ``RewardConfig`` (``reward_config.py:144-145``); GRPO and RLOO bound only the completion
-  (``max_completion_length`` 512, ``grpo_config.py:494-495``): their length is the prompt's plus that, and stays
-  oomlab's assumption unless stated;
+  (``max_completion_length`` 512, ``grpo_config.py:494-495``): their length is the prompt's plus that: ``max_prompt_length``
+  + ``max_completion_length`` where the launch gives both, else oomlab's assumption unless a length is stated;
 - ``ModelConfig``: ``dtype`` ``"float32"`` (``trl/trainer/model_config.py:89-90``: the scripts load the model in
   it), ``lora_r`` 16 (``:107-108``), ``lora_alpha`` 32 (``:111-112``), ``lora_target_modules`` None: peft's per-model
   default (``peft/utils/constants.py``: ``q_proj, v_proj`` for llama, mistral, qwen2, qwen3);
@@ -46,7 +46,7 @@ from oomlab.launch.framework import (
 )
 from oomlab.launch.memory_flags import memory_flags
 from oomlab.launch.origin import Origin, Sourced, Unmodelled, default_origin, flag_origin
-from oomlab.launch.read import bool_value, training_claims
+from oomlab.launch.read import MAX_SEQ, bool_value, int_value, training_claims
 
 VERSION = "TRL 1.16.0"
 _MERGE = "TrlParser.parse_args_and_config: flags replace the YAML, trl/scripts/utils.py:303"
@@ -87,7 +87,7 @@ _REFERENCE_KEYS = ("precompute_ref_log_probs", "beta")  # read into the setup's 
 # read, and said why they are not budgeted apart
 _NOTED = {
     "max_prompt_length": "the prompt's share of max_length: the budget takes max_length",
-    "max_completion_length": "the generated completion's length: not budgeted apart from the trainer kind",
+    "max_completion_length": "the generated completion's length: with max_prompt_length, GRPO's seq (their sum)",
     "num_generations": "completions per prompt: not budgeted apart from the trainer kind",
     "packing": "packed sequences fill max_length: the budget takes every sequence at max_length either way",
     "padding_free": "no padding: the budget takes every sequence at max_length",
@@ -121,6 +121,21 @@ def _since(release: Release, fact: str) -> str | None:
     return None
 
 
+def _generated_length(claims: Claims, look: Any, script: str) -> None:
+    """GRPO / RLOO: a sequence is the prompt and its generated completion, so where the launch bounds both
+    (``max_prompt_length`` and ``max_completion_length``, flags or the YAML) and no length key says otherwise, the
+    budget's ``seq`` is their sum (an upper bound: prompts truncated at their bound, completions stopped at theirs)."""
+    if script not in ("grpo", "rloo") or any(look(k)[0] for k in K.SEQ_KEYS):
+        return
+    prompt, completion = look("max_prompt_length"), look("max_completion_length")
+    if not (prompt[0] and completion[0]) or prompt[1] is None or completion[1] is None:
+        return
+    total = int_value(prompt[1], prompt[2], MAX_SEQ) + int_value(completion[1], completion[2], MAX_SEQ)
+    where = f"{prompt[2].where} + {completion[2].where}" if prompt[2].kind is completion[2].kind else \
+        f"{prompt[2]} + {completion[2]}"
+    claims.say("seq", total, Origin(prompt[2].kind, where, prompt[2].key, prompt[2].line))
+
+
 def read_trl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gpu: str,
              versions: Versions | None = None) -> FrameworkRead:
     """Claims of a TRL script's flags and ``--config`` YAML, TRL's defaults where they say nothing (at the release
@@ -150,6 +165,7 @@ def read_trl(claims: Claims, cmd: LaunchCommand, command_dir: str | None, gpu: s
             (script != "dpo" or release >= DPO_MAX_LENGTH_SINCE):  # DPO before 0.14: max_length None
         value, where = MAX_LENGTH[script]
         say_default(claims, "seq", value, label, f"max_length={value} (trl/trainer/{where})")
+    _generated_length(claims, look, script)
     if not any(look(k)[0] for k in K.DTYPE_KEYS) and release >= DTYPE_FLOAT32_SINCE:  # scripts load ModelConfig.dtype
         claims.say("load_dtype", "float32", default_origin(label, "ModelConfig dtype='float32' "
                                                                     "(trl/trainer/model_config.py:89-90)"),
