@@ -11,8 +11,9 @@ reads):
 - ``max_length`` 1024: ``SFTConfig`` (``trl/trainer/sft_config.py:202-203``; named ``max_seq_length`` before TRL
   0.16, also 1024), ``DPOConfig`` (``dpo_config.py:195-196``), ``KTOConfig`` (``kto_config.py:166-167``),
   ``RewardConfig`` (``reward_config.py:144-145``); GRPO and RLOO bound only the completion
-  (``max_completion_length`` 512, ``grpo_config.py:494-495``): their length is the prompt's plus that: ``max_prompt_length``
-  + ``max_completion_length`` where the launch gives both, else oomlab's assumption unless a length is stated;
+  (``max_completion_length`` 512, ``grpo_config.py:494-495``): their length is the prompt's plus that:
+  ``max_prompt_length`` + ``max_completion_length`` where the launch gives both, else oomlab's assumption unless a
+  length is stated;
 - ``ModelConfig``: ``dtype`` ``"float32"`` (``trl/trainer/model_config.py:89-90``: the scripts load the model in
   it), ``lora_r`` 16 (``:107-108``), ``lora_alpha`` 32 (``:111-112``), ``lora_target_modules`` None: peft's per-model
   default (``peft/utils/constants.py``: ``q_proj, v_proj`` for llama, mistral, qwen2, qwen3);
