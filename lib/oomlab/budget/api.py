@@ -40,6 +40,7 @@ def estimate(
     loss: str = DEFAULTS.loss.value,
     offload_activations: bool = DEFAULTS.offload_activations,
     base_dtype: str = DEFAULTS.base_dtype.value,
+    optimizer_in_backward: bool = DEFAULTS.optimizer_in_backward,
     source: str = "analytic",
     outside_bytes: int | None = None,
     deepspeed: DeepSpeedSettings | None = None,
@@ -59,6 +60,8 @@ def estimate(
     :mod:`oomlab.budget.loss_kernels`; ``offload_activations``: TRL's
     activation offloading (:mod:`oomlab.budget.activation_offload`); ``base_dtype``: LoRA's frozen base as loaded,
     ``half`` or ``float32`` (transformers 4.x without ``torch_dtype``; :func:`oomlab.budget.states.fp32_loaded_base`).
+    ``optimizer_in_backward``: each parameter stepped inside backward as its gradient completes (torchtune's
+    ``optimizer_in_bwd``; :mod:`oomlab.budget.optimizer_in_backward`), one process only.
     ``deepspeed``: DeepSpeed's knobs for the ``zero*`` strategies (default: what the HF integration resolves
     ``"auto"`` to; read a user's JSON with :func:`oomlab.budget.deepspeed_config.read_deepspeed_config`).
     """
@@ -68,9 +71,9 @@ def estimate(
             lora_rank, lora_alpha, tuple(lora_targets) if isinstance(lora_targets, list) else lora_targets, trainer,
             reference, loss, offload_activations, base_dtype)
     try:
-        setup = _validated_setup(*args, versions=versions)
+        setup = _validated_setup(*args, versions=versions, optimizer_in_backward=optimizer_in_backward)
     except TypeError:  # an unhashable argument: validate it without the memo (same result, same errors)
-        setup = make_setup(*args, versions=versions)
+        setup = make_setup(*args, versions=versions, optimizer_in_backward=optimizer_in_backward)
     if source == Source.ANALYTIC.value:
         return estimate_setup(setup, outside_bytes, deepspeed)
     if setup.strategy.deepspeed:

@@ -32,6 +32,7 @@ def render_budget(result: BudgetResult) -> str:
         + ("" if s.trainer is Trainer.SFT else f", trainer {s.trainer.value}")
         + (f", loss {s.loss.value}" if s.loss.fused else "")
         + (", activations offloaded" if s.offload_activations else "")
+        + (", optimizer stepped in backward" if s.optimizer_in_backward else "")
         + (f", base loaded in {s.base_dtype.value}" if s.base_dtype is not DEFAULTS.base_dtype
            and s.method is not Method.FULL else "")
         + f" [{result.source.value}]",

@@ -10,6 +10,10 @@ after each step) is split into three phases; the peak is the largest phase total
   whichever is largest;
 * ``optimizer``: weights, gradients, optimizer state and the optimizer's temporaries.
 
+An optimizer stepped inside backward (``setup.optimizer_in_backward``, torchtune's ``optimizer_in_bwd``) replaces
+backward's later moments with its own and leaves the optimizer phase the model states alone
+(:mod:`.optimizer_in_backward`).
+
 The parts are typed (:mod:`.step_parts`): the model states (DeepSpeed's ``ZeroStates`` too, computed once) and
 the step tensors with the per-layer terms.  FSDP's phases are :mod:`.fsdp`'s, DeepSpeed's :mod:`.deepspeed`'s, each
 reading the same :class:`Inventory`.
@@ -25,6 +29,7 @@ from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.frameworks import framework_states, litgpt_tensors
 from oomlab.budget.fsdp import fsdp_phases
 from oomlab.budget.loss_kernels import loss_tensors
+from oomlab.budget.optimizer_in_backward import in_backward_candidates
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.budget.step_parts import Inventory, LayerTerms, ModelStates, StepTensors
 from oomlab.core.choices import Method, Precision
@@ -149,13 +154,18 @@ def assemble_phases(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, d
         forward = max(forward, head, key=lambda d: sum(d.values()))
     carried = {MemCategory.ACTIVATIONS: t.carried_activations, MemCategory.LOGITS_LOSS: t.carried_logits}
     carried = {k: v for k, v in carried.items() if v}  # held past backward and through the step (litgpt's loop)
+    start = {  # the loss gradients, every saved tensor still held
+        **held,
+        MemCategory.ACTIVATIONS: t.layer_activations,
+        MemCategory.LOGITS_LOSS: t.loss_backward,
+        MemCategory.WORKSPACE: t.autocast_copies + buckets,
+    }
+    if setup.optimizer_in_backward:  # each parameter stepped as its gradient completes: no gradient held after
+        backward = max([start, *in_backward_candidates(setup, s, t, held, buckets)], key=lambda d: sum(d.values()))
+        return {Phase.FORWARD: forward, Phase.BACKWARD: backward,
+                Phase.OPTIMIZER: {**held, MemCategory.WORKSPACE: buckets, **carried}}
     candidates = [
-        {  # start: the loss gradients, every saved tensor still held
-            **held,
-            MemCategory.ACTIVATIONS: t.layer_activations,
-            MemCategory.LOGITS_LOSS: t.loss_backward,
-            MemCategory.WORKSPACE: t.autocast_copies + buckets,
-        },
+        start,
         {  # end: every gradient held, activations freed
             **held, MemCategory.GRADIENTS: s.gradients, MemCategory.WORKSPACE: buckets, **carried,
         },
@@ -195,7 +205,8 @@ def live_components(setup: TrainingSetup, inventory: Inventory) -> dict[Phase, f
     persistent = frozenset(k for k, v in held.items() if v)
     return {Phase.FORWARD: persistent | ({MemCategory.ACTIVATIONS} if t.layer_activations else set()),
             Phase.BACKWARD: persistent,
-            Phase.OPTIMIZER: persistent | ({MemCategory.GRADIENTS} if s.gradients else set())}
+            Phase.OPTIMIZER: persistent | ({MemCategory.GRADIENTS} if s.gradients and not setup.optimizer_in_backward
+                                           else set())}
 
 
 def forward_end_bytes(inventory: Inventory) -> int:

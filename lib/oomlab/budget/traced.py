@@ -66,6 +66,10 @@ def _check_traceable(setup: TrainingSetup) -> None:
             f"trainer {setup.trainer.value!r} is analytic only: the traced step is the SFT step, and a trace of it "
             "would not hold the reference model, the concatenated pairs or TRL's fused head; use source='analytic' "
             "(oomlab.budget.trainers, checked against real TRL steps: docs/trainers-small-scale.md)")
+    if setup.optimizer_in_backward:
+        raise InvalidValueError("optimizer in backward is analytic only: the traced step runs one optimizer.step() "
+                                "after backward; use source='analytic' (oomlab.budget.optimizer_in_backward, checked "
+                                "against real CPU steps: docs/small-scale-measured.md)")
     if setup.offload_activations:
         raise InvalidValueError("activation offloading is analytic only: the traced step keeps its saved tensors on "
                                 "the device; use source='analytic' (oomlab.budget.activation_offload)")
@@ -259,7 +263,7 @@ def cache_key(setup: TrainingSetup) -> str:
             value = {"name": value.name, "config": dict(value.config)}
         elif f.name == "gpu":
             continue  # a trace does not depend on the GPU model
-        elif f.name in ("trainer", "reference", "loss", "offload_activations"):
+        elif f.name in ("trainer", "reference", "loss", "offload_activations", "optimizer_in_backward"):
             continue  # a trace is always the SFT step with transformers' loss (others are refused): keys hold
         elif f.name == "base_dtype" and value is BaseDtype.HALF:
             continue  # the default keeps the keys of the traces made before the field existed

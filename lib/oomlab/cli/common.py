@@ -168,6 +168,10 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload-activations", action="store_true",
                         help="TRL's activation_offloading: saved activations in pinned host memory, the top layer's "
                         "kept on the GPU")
+    parser.add_argument("--optimizer-in-backward", action="store_true",
+                        help="torchtune's optimizer_in_bwd: each parameter stepped by its own optimizer as its "
+                        "gradient completes, the gradient then freed (no optimizer step after backward; strategy "
+                        "single only)")
     parser.add_argument("--base-dtype", choices=[d.value for d in BaseDtype], default=DEFAULTS.base_dtype.value,
                         help="LoRA's frozen base as from_pretrained stored it: half = torch_dtype=bfloat16/float16 "
                         "(or transformers 5's dtype='auto' over a half checkpoint); float32 = loaded without "
@@ -208,7 +212,7 @@ def setup_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "lora_alpha": args.lora_alpha, "lora_targets": args.lora_targets, "trainer": args.trainer,
             "reference": args.reference, "loss": args.loss,
             "offload_activations": args.offload_activations, "base_dtype": args.base_dtype,
-            "versions": args.versions}
+            "optimizer_in_backward": args.optimizer_in_backward, "versions": args.versions}
 
 
 def host_ram_argument(text: str) -> int | str:

@@ -61,6 +61,7 @@ class SetupDefaults:
     loss: Loss = Loss.STANDARD  # transformers' loss over materialised logits (no Liger, no Cut Cross-Entropy)
     offload_activations: bool = False  # saved activations kept on the GPU (TRL's activation_offloading off)
     base_dtype: BaseDtype = BaseDtype.HALF  # LoRA's frozen base stored in the precision's half dtype, as loaded
+    optimizer_in_backward: bool = False  # one optimizer.step() after backward (not torchtune's optimizer_in_bwd)
 
 
 DEFAULTS = SetupDefaults()

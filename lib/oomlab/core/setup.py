@@ -76,6 +76,9 @@ class TrainingSetup:
     # the dtype from_pretrained stored the weights in, for a frozen base: half, or fp32 (transformers 4.x without
     # torch_dtype, TRL's ModelConfig default); full fine-tuning's weights follow the precision
     base_dtype: BaseDtype = DEFAULTS.base_dtype
+    # each parameter stepped by its own optimizer inside backward as its gradient completes, the gradient then freed
+    # (torchtune's optimizer_in_bwd: True; oomlab.budget.optimizer_in_backward)
+    optimizer_in_backward: bool = DEFAULTS.optimizer_in_backward
     # the user's library releases (core.versions): the installed ones where not given
     versions: Versions = field(default_factory=installed_versions)
 
@@ -160,7 +163,26 @@ def validate(setup: TrainingSetup) -> TrainingSetup:
             f"method 'qlora' with strategy '{setup.strategy.value}' is not supported (4-bit weights are not "
             "offloaded by FSDP); use fsdp, fsdp2, ddp or single"
         )
+    if setup.optimizer_in_backward:
+        _validate_optimizer_in_backward(setup)
     return setup
+
+
+def _validate_optimizer_in_backward(setup: TrainingSetup) -> None:
+    """What the optimizer stepped inside backward is budgeted for: one process (torchtune's
+    ``full_finetune_single_device`` recipe) running the SFT step.  NB: torchtune also refuses it with
+    ``gradient_accumulation_steps > 1`` and with ``clip_grad_norm`` (recipes/full_finetune_single_device.py :146-157
+    @v0.4.0); a setup is one micro-batch per optimizer step and clips nothing, so neither can be asked here."""
+    if setup.strategy is not Strategy.SINGLE:
+        raise InvalidValueError(
+            f"optimizer in backward with strategy {setup.strategy.value!r} is not budgeted (a DDP hook would step "
+            "before the gradients are reduced; FSDP's and DeepSpeed's per-parameter steps are not modelled); use "
+            f"strategy 'single' (strategies: {', '.join(s.value for s in Strategy)}), or step after backward")
+    if setup.trainer is not Trainer.SFT:
+        raise InvalidValueError(
+            f"optimizer in backward with trainer {setup.trainer.value!r} is not budgeted (the step in backward is "
+            f"budgeted for the SFT step only); use trainer 'sft' (trainers: {', '.join(t.value for t in Trainer)}), "
+            "or step after backward")
 
 
 def _validate_deepspeed(setup: TrainingSetup) -> None:
@@ -206,11 +228,14 @@ def make_setup(
     offload_activations: bool = DEFAULTS.offload_activations,
     base_dtype: str | BaseDtype = DEFAULTS.base_dtype,
     versions: Versions | Mapping[str, str] | str | None = None,
+    optimizer_in_backward: bool = DEFAULTS.optimizer_in_backward,
 ) -> TrainingSetup:
     """Build and validate a :class:`TrainingSetup` from names (as typed on the CLI) or objects; what is not given is
     :data:`~oomlab.core.defaults.DEFAULTS`', and the strategy follows :func:`~oomlab.core.defaults.launch_strategy`
     (none: a replica per GPU; ``ddp`` over one GPU in all is ``single``); ``versions``: the user's library releases
-    (:func:`~oomlab.core.versions.versions_from`: pins, a pip freeze file or a mapping; none: the installed ones)."""
+    (:func:`~oomlab.core.versions.versions_from`: pins, a pip freeze file or a mapping; none: the installed ones);
+    ``optimizer_in_backward``: each parameter stepped inside backward (torchtune's ``optimizer_in_bwd``), one process
+    and the SFT step only."""
     if isinstance(lora_targets, str):
         lora_targets = tuple(t.strip() for t in lora_targets.split(",") if t.strip())
     return validate(
@@ -237,5 +262,6 @@ def make_setup(
             offload_activations=bool(offload_activations),
             base_dtype=choice(BaseDtype, base_dtype, "base dtype"),
             versions=versions_from(versions),
+            optimizer_in_backward=bool(optimizer_in_backward),
         )
     )

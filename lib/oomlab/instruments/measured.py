@@ -21,6 +21,11 @@ it upcasts the embedding, norms and head to fp32 (:func:`oomlab.budget.states.kb
 says the launch skips it), and peft LoRA goes on top.
 ``adamw-8bit`` is ``bitsandbytes.optim.AdamW8bit``, whose CPU step is bitsandbytes'
 ``_optimizer_update_8bit_blockwise_cpu``.
+
+An optimizer stepped inside backward (``setup.optimizer_in_backward``): :class:`InBackwardOptimizer` builds one
+optimizer per trained parameter and steps it from a post-accumulate-grad hook, as torchtune 0.4.0 does
+(recipes/full_finetune_single_device.py :458-461, torchtune/training/memory.py :236-242); the step's own
+``optimizer.step()`` after backward then does nothing.
 """
 
 from __future__ import annotations
@@ -92,6 +97,39 @@ def allocator_peak(prof: Any) -> int:
         elif ptr in live:
             current -= live.pop(ptr)
     return peak
+
+
+class InBackwardOptimizer:
+    """torchtune's optimizer in backward on real tensors: ``make_optimizer(setup, [p])`` for each trained parameter,
+    stepped and its gradient set to ``None`` by ``p.register_post_accumulate_grad_hook`` as soon as autograd has
+    accumulated it.  ``step`` and ``zero_grad`` (what the step calls after backward) do nothing; ``state`` is every
+    per-parameter optimizer's."""
+
+    def __init__(self, setup: TrainingSetup, params: list[Any]) -> None:
+        self.optimizers = {p: make_optimizer(setup, [p]) for p in params}
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._step_one)
+
+    def _step_one(self, param: Any) -> None:
+        optimizer = self.optimizers[param]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def state(self) -> dict[Any, Any]:
+        return {p: s for optimizer in self.optimizers.values() for p, s in optimizer.state.items()}
+
+    def step(self) -> None:
+        """Nothing: every parameter stepped inside backward."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing: every gradient was freed by its hook."""
+
+
+def step_optimizer(setup: TrainingSetup, params: list[Any]) -> Any:
+    """The optimizer the measured step runs: :class:`InBackwardOptimizer` where the setup steps inside backward, else
+    :func:`~oomlab.budget.step.make_optimizer`'s."""
+    return InBackwardOptimizer(setup, params) if setup.optimizer_in_backward else make_optimizer(setup, params)
 
 
 def _check_measurable(setup: TrainingSetup) -> None:
@@ -204,7 +242,7 @@ def _measure(setup: TrainingSetup, steps: int, wrap: Any = None) -> TraceResult:
     # real_data_decisions changes nothing on real tensors; it keeps the traced and measured code paths identical
     with real_data_decisions(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, tracker:
         step_model = model if wrap is None else wrap(model)
-        optimizer = make_optimizer(setup, trainable_tensors(model))
+        optimizer = step_optimizer(setup, trainable_tensors(model))
         run_step(step_model, optimizer, input_ids, tracker.mark)
     allocated_peak = baseline + allocator_peak(prof)
     with real_data_decisions():
@@ -275,7 +313,7 @@ def measure_steps(setup: TrainingSetup, steps: int = 2) -> StepMeasurement:
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, setup.model.vocab_size, (setup.batch, setup.seq), generator=generator)
     resident = resident_bytes(model, input_ids)
-    optimizer = make_optimizer(setup, trainable_tensors(model))
+    optimizer = step_optimizer(setup, trainable_tensors(model))
     with real_data_decisions(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for _ in range(steps):
             mark(STEP_START)
@@ -393,4 +431,5 @@ def measure_ddp_buckets(setup: TrainingSetup) -> DDPBuckets:
     return DDPBuckets(single.peak_bytes, peaks[0], peaks[1], grads)
 
 
-__all__ = ["DDPBuckets", "StepMeasurement", "measure_ddp_buckets", "measure_real", "measure_steps", "qlora_model"]
+__all__ = ["DDPBuckets", "InBackwardOptimizer", "StepMeasurement", "measure_ddp_buckets", "measure_real",
+           "measure_steps", "qlora_model", "step_optimizer"]

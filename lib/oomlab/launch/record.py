@@ -59,7 +59,7 @@ def setup_record(setup: TrainingSetup) -> dict[str, Any]:
     return {"model": _model_record(setup.model), "gpu": setup.gpu.name, "gpus": setup.gpus, "nodes": setup.nodes,
             **{name: getattr(setup, name).value for name in _CHOICES},
             "batch": setup.batch, "seq": setup.seq, "checkpointing": setup.checkpointing,
-            "offload_activations": setup.offload_activations,
+            "offload_activations": setup.offload_activations, "optimizer_in_backward": setup.optimizer_in_backward,
             "lora_rank": setup.lora_rank, "lora_alpha": setup.lora_alpha, "lora_targets": list(setup.lora_targets),
             # the user's pins only (the installed releases are the reading machine's, as when the setup was made)
             "versions": {name: ".".join(map(str, release)) for name, release in setup.versions.given}}
@@ -73,6 +73,7 @@ def setup_of(record: dict[str, Any]) -> TrainingSetup:
            for name, kind in _CHOICES.items()},  # a record from before trainer, reference, loss: their first
         batch=record["batch"], seq=record["seq"], checkpointing=record["checkpointing"],
         offload_activations=record.get("offload_activations", False),
+        optimizer_in_backward=record.get("optimizer_in_backward", False),  # a record from before the field: False
         lora_rank=record["lora_rank"], lora_alpha=record["lora_alpha"], lora_targets=tuple(record["lora_targets"]),
         versions=versions_from(record.get("versions", {}))))
 

@@ -68,7 +68,7 @@ def _knob_setup(base: TrainingSetup, changes: Sequence[tuple[str, KnobValue]]) -
                               # the run's loop, stack, loss and load, kept by every knob (the plan's KEPT and more)
                               "trainer": base.trainer, "reference": base.reference, "versions": base.versions,
                               "loss": base.loss, "offload_activations": base.offload_activations,
-                              "base_dtype": base.base_dtype}
+                              "base_dtype": base.base_dtype, "optimizer_in_backward": base.optimizer_in_backward}
     route = Route.PROCESS_PER_GPU
     for knob, value in changes:
         if value is Route.DEVICE_MAP:

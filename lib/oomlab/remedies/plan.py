@@ -230,7 +230,7 @@ def fold_label_twins(remedies: list[Remedy], bf16: bool) -> list[Remedy]:
 # what no remedy changes: the training loop, its reference, the stack, the loss kernel, activation offloading (NB: the
 # dtype a LoRA base was loaded in is the configured row's only: every remedy's train.py loads it in half, and the
 # ladder's first rung does so for the user's own launch)
-KEPT = ("trainer", "reference", "versions", "loss", "offload_activations")
+KEPT = ("trainer", "reference", "versions", "loss", "offload_activations", "optimizer_in_backward")
 
 
 def configured_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = DEFAULTS.nodes, *,
@@ -362,6 +362,7 @@ def make_plan(
     loss: str | Loss = DEFAULTS.loss,
     offload_activations: bool = DEFAULTS.offload_activations,
     base_dtype: str | BaseDtype = DEFAULTS.base_dtype,
+    optimizer_in_backward: bool = DEFAULTS.optimizer_in_backward,
 ) -> Plan:
     """Every remedy for training ``model`` on ``nodes`` × ``gpus`` × ``gpu``, budgeted and ranked.
 
@@ -379,7 +380,8 @@ def make_plan(
         raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
                                 f"{spec.max_position_embeddings}: use a sequence length up to that")
     run = {"trainer": trainer, "reference": reference, "versions": versions, "loss": loss,
-           "offload_activations": offload_activations}  # every remedy keeps these (KEPT)
+           "offload_activations": offload_activations,
+           "optimizer_in_backward": optimizer_in_backward}  # every remedy keeps these (KEPT)
     base = configured_setup(spec, gpu_spec, gpus, nodes, seq=seq, batch=batch, precision=precision,
                             optimizer=optimizer, checkpointing=checkpointing, attention=attention,
                             lora_rank=lora_rank, strategy=strategy, method=method, lora_targets=lora_targets,
@@ -452,7 +454,8 @@ def plan_for(setup: TrainingSetup, host_ram: str | int | None = HOST_RAM_AUTO, *
                      lora_rank=s.lora_rank, strategy=s.strategy, method=s.method, lora_targets=s.lora_targets,
                      lora_alpha=s.lora_alpha, assumptions=assumptions, outside_bytes=outside_bytes,
                      trainer=s.trainer, reference=s.reference, versions=s.versions, loss=s.loss,
-                     offload_activations=s.offload_activations, base_dtype=s.base_dtype)
+                     offload_activations=s.offload_activations, base_dtype=s.base_dtype,
+                     optimizer_in_backward=s.optimizer_in_backward)
 
 
 def distinct_top(plan: Plan, n: int = 3) -> tuple[Remedy, ...]:
