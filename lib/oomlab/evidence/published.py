@@ -254,7 +254,7 @@ def _gap_lines(comparisons: Sequence[Comparison], secondary: Sequence[SecondaryC
         "",
         f"1. **Unmodelled memory savings make the overestimates.** In torchtune's ablation, torch.compile saves "
         f"{format_size(-chain[0].published_bytes)}; oomlab changes by {format_size(chain[0].estimate_bytes)}, as it "
-        "does not model compile (nor optimizer-in-backward or paged optimizer state). Chunked cross-entropy "
+        "does not model compile (nor paged optimizer state). Chunked cross-entropy "
         f"(compiled per chunk) saves {format_size(-chain[1].published_bytes)}; oomlab's chunked-compiled loss saves "
         f"{format_size(-chain[1].estimate_bytes)}. Rows missing a first-order feature are *approximated*: their "
         "error says what the missing features are worth, not how far oomlab's model of what it does model is off.",

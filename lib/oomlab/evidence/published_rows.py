@@ -120,8 +120,6 @@ class Unmodelled(enum.Enum):
     CHUNKED_LOSS = ("chunked-loss", True, "chunked cross-entropy / LM head: no whole (tokens × vocab) logits, fp32 "
                     "copy and gradient, which oomlab counts")
     COMPILE = ("compile", True, "torch.compile: fused kernels save fewer activations than the eager ops oomlab counts")
-    OPTIMIZER_IN_BACKWARD = ("optimizer-in-backward", True, "optimizer step inside backward: each gradient freed as "
-                             "its parameter steps; oomlab holds all of them until optimizer.step()")
     ACTIVATION_OFFLOADING = ("activation-offloading", True, "saved activations offloaded to the host")
     PAGED_OPTIMIZER = ("paged-optimizer", True, "bitsandbytes paged optimizer: state in CUDA unified memory, outside "
                        "the torch counters; oomlab counts it on the GPU")
