@@ -31,6 +31,8 @@ from oomlab.instruments.measured import StepMeasurement, measure_steps
 # a wider tiny model with grouped KV heads (GQA), 4 layers and a 2,048-token vocabulary
 GQA_MODEL = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
              "num_key_value_heads": 2, "vocab_size": 2048}
+IN_BACKWARD_SHAPE = {"precision": "fp32", "batch": 1, "seq": 32}
+TIED = {"tie_word_embeddings": True}  # the LM head shares the embedding's weight
 CPU_ADAM8_TEMPS = 5  # fp32 temporaries of bitsandbytes' CPU 8-bit Adam step per tensor (see cpu_only_bytes)
 
 
@@ -90,6 +92,18 @@ SMALL_CASES: tuple[SmallCase, ...] = (
               CHECKPOINT_GAP + "; the recomputed layer's half weight copies are counted whole at its backward's "
               "peak, where backward has already freed some (the budget reads about 3.5 % high)"),
     SmallCase("LoRA r32 fp16-mixed AdamW8bit", {"method": "lora", "lora_rank": 32, "optimizer": "adamw-8bit"}),
+    # an optimizer stepped inside backward (torchtune's optimizer_in_bwd): 32 tokens, so that the loss's (tokens x
+    # vocab) tensors weigh less than a step of the head (V x h): the moments of oomlab.budget.optimizer_in_backward
+    # set the backward peak
+    SmallCase("full fp32 AdamW, b1 s32", IN_BACKWARD_SHAPE),
+    SmallCase("full fp32 AdamW stepped in backward, b1 s32", {**IN_BACKWARD_SHAPE, "optimizer_in_backward": True}),
+    SmallCase("full fp32 AdamW stepped in backward, tied head, b1 s32",
+              {**IN_BACKWARD_SHAPE, "optimizer_in_backward": True, "model_config": TIED}),
+    SmallCase("full fp32 AdamW stepped in backward, checkpointing, b1 s32",
+              {**IN_BACKWARD_SHAPE, "optimizer_in_backward": True, "checkpointing": True}),
+    SmallCase("full bf16 AdamW stepped in backward, tied head, checkpointing, b1 s32",
+              {**IN_BACKWARD_SHAPE, "precision": "bf16", "optimizer_in_backward": True, "checkpointing": True,
+               "model_config": TIED}),
 )
 
 
@@ -252,6 +266,19 @@ DOC_FOOTER = """
   phase of the steady-state step and matches the analytic `optimizer_state_bytes_total` (forward and backward
   ratios). The CPU step itself allocates five fp32 temporaries the size of the tensor being stepped, which the CUDA
   kernel does not: the optimizer-phase ratio is shown with and without that CPU-only term.
+
+## An optimizer stepped inside backward
+
+The rows "stepped in backward" run torchtune's `optimizer_in_bwd: True` mechanism (torchtune 0.4.0
+recipes/full_finetune_single_device.py :458-461, torchtune/training/memory.py :236-242): one `torch.optim.AdamW(
+[p], foreach=True)` per parameter, stepped and its gradient set to `None` in `p.register_post_accumulate_grad_hook`
+(`oomlab.instruments.measured.InBackwardOptimizer`); nothing steps after backward. At 32 tokens the loss's tensors
+weigh less than the head's step, so backward's peak is a step over every saved activation -- the head's gradient and
+its foreach temporary (untied), or the head's contribution to a tied embedding waiting while an up projection steps
+(tied) -- or a decoder weight's step inside the top recomputed layer (checkpointing), each as
+`oomlab.budget.optimizer_in_backward` budgets it (a tied embedding's three gradients at the end, the head's
+contribution, the embedding's own and their sum, are a smaller candidate here); the optimizer phase holds the weights
+and the state alone. The row without it is the same model stepping after backward.
 
 ## Checkpointing: the recomputed layer
 
