@@ -113,3 +113,17 @@ def test_a_peak_set_while_loading_calibrates_no_step_margin() -> None:
     qlora = next(m for m in margins_data()["margins"] if m["method"] == "qlora")
     assert qlora["worst_row"] != "torchtune-tutorial-llama2-7b-qlora-r8"
     assert "left out: torchtune-tutorial-llama2-7b-qlora-r8" in qlora["source"]
+
+
+def test_an_approximated_row_calibrates_no_margin() -> None:
+    """A trusted row that misses a first-order feature (torchtune's 8-bit row: the paged optimizer's state outside
+    the torch counters) says what that feature is worth, not how far the estimate is off: left out, counted."""
+    from oomlab.evidence.margins import margins_data
+    from oomlab.evidence.published import compare_all
+    from oomlab.evidence.published_rows import Coverage
+
+    coverage = {c.row.id: c.row.coverage for c in compare_all()}
+    for margin in margins_data()["margins"]:
+        assert coverage[margin["worst_row"]] is Coverage.MODELLED, margin
+    full = next(m for m in margins_data()["margins"] if m["method"] == "full")
+    assert "approximated row" in full["source"] and full["worst_row"] != "torchtune-readme-flags-3b-adamw8bit"

@@ -2,14 +2,17 @@
 ``lib/oomlab/data/margins.json`` (read by :mod:`oomlab.remedies.margin`).
 
 Per training method (full, LoRA, QLoRA): the trusted rows (reliability high or medium, never a suspect or low one)
-of ``lib/oomlab/data/published-measurements.json`` estimated again (:func:`oomlab.evidence.published.compare_all`);
-the underestimate is the largest ``published / estimate - 1`` among them (a row above the estimate; rows below it
-need no margin), so the margin covers every trusted measurement.  Plus a fragmentation allowance, assumed and
-stated: rows compared on ``allocated`` or ``active`` counters do not include the allocator's cached-but-free blocks.
-A method with no trusted row gets the largest margin of the others, said so.  A row whose own "after model init"
-figure is already within :data:`LOAD_SET_PEAK` of its training peak measured the load, not the step (torchtune's
-QLoRA tutorial: 9.13 GB reserved at init, 9.29 GB in training -- the bf16 weights loaded before quantizing, cached
-by the allocator): it cannot calibrate the step's margin and is left out, named in the margin's source.
+that oomlab models (coverage ``modelled``: no first-order feature missing -- an *approximated* row's error says what
+its missing feature is worth, e.g. a paged optimizer's state outside the torch counters, not how far the estimate of
+what oomlab models is off) of ``lib/oomlab/data/published-measurements.json`` estimated again
+(:func:`oomlab.evidence.published.compare_all`); the underestimate is the largest ``published / estimate - 1`` among
+them (a row above the estimate; rows below it need no margin), so the margin covers every trusted measurement. Plus a
+fragmentation allowance, assumed and stated: rows compared on ``allocated`` or ``active`` counters do not include the
+allocator's cached-but-free blocks. A method with no trusted row gets the largest margin of the others, said so. A
+row whose own "after model init" figure is already within :data:`LOAD_SET_PEAK` of its training peak measured the
+load, not the step (torchtune's QLoRA tutorial: 9.13 GB reserved at init, 9.29 GB in training -- the bf16 weights
+loaded before quantizing, cached by the allocator): it cannot calibrate the step's margin and is left out, named in
+the margin's source.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from oomlab.core.choices import Method
 from oomlab.evidence.published import Comparison, compare_all
-from oomlab.evidence.published_rows import Moment, Reliability
+from oomlab.evidence.published_rows import Coverage, Moment, Reliability
 from oomlab.remedies.margin import MARGINS_JSON
 
 TRUSTED = (Reliability.HIGH, Reliability.MEDIUM)
@@ -44,14 +47,19 @@ def margins_data(comparisons: Sequence[Comparison] | None = None) -> dict[str, A
     trusted = [c for c in comparisons if c.error is not None and c.row.reliability in TRUSTED]
     out = []
     for method in Method:
-        rows = [c for c in trusted if _method(c) is method and not peak_set_at_load(c)]
-        at_load = [c.row.id for c in trusted if _method(c) is method and peak_set_at_load(c)]
+        mine = [c for c in trusted if _method(c) is method]
+        rows = [c for c in mine if c.row.coverage is Coverage.MODELLED and not peak_set_at_load(c)]
+        at_load = [c.row.id for c in mine if peak_set_at_load(c)]
+        approximated = sum(1 for c in mine if c.row.coverage is not Coverage.MODELLED and not peak_set_at_load(c))
         if rows:
             worst = max(rows, key=lambda c: 1 / (1 + c.error) - 1)
             under = max(0.0, 1 / (1 + worst.error) - 1)
             source = (f"the largest excess of a trusted published peak over oomlab's estimate, {under:.1%} "
-                      f"({worst.row.id}, of {len(rows)} trusted rows), plus {FRAGMENTATION:.0%} for fragmentation "
-                      "(assumed)")
+                      f"({worst.row.id}, of {len(rows)} trusted rows oomlab models), plus {FRAGMENTATION:.0%} for "
+                      "fragmentation (assumed)")
+            if approximated:
+                source += (f"; left out: {approximated} approximated row{'s' if approximated > 1 else ''} (a "
+                           "first-order feature oomlab does not model)")
             if at_load:
                 source += (f"; left out: {', '.join(at_load)} (its peak was set while loading: its after-init figure"
                            f" is {LOAD_SET_PEAK:.0%} or more of the training one)")
