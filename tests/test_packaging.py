@@ -105,7 +105,9 @@ def test_running_environment_matches_the_lock() -> None:
     """Every locked package installed here has the locked version, so the report's versions table (read from the
     environment) shows what the lock pins."""
     lock = _lock()
-    installed = {_normalised(d.metadata["Name"]): d.version for d in distributions()}
+    installed: dict[str, str] = {}
+    for d in distributions():  # the first on sys.path, the one an import loads: setuptools >= 71 appends its
+        installed.setdefault(_normalised(d.metadata["Name"]), d.version)  # _vendor (packaging 26.3 ...) once imported
     drifted = {name: (installed[name], pinned) for name, pinned in lock.items()
                if name in installed and _public(installed[name]) != pinned}
     assert drifted == {}
