@@ -19,6 +19,7 @@ from oomlab.budget.deepspeed import deepspeed_notes
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.inventory import assemble_phases, take_inventory
 from oomlab.budget.loss_kernels import loss_note
+from oomlab.budget.optimizer_in_backward import NOTE as IN_BACKWARD_NOTE
 from oomlab.budget.result import BudgetResult, MemCategory, Source, outside_note
 from oomlab.budget.step_parts import Inventory
 from oomlab.core.choices import FSDP1_STRATEGIES, Method, Optimizer, Precision
@@ -197,6 +198,8 @@ def sft_estimate(setup: TrainingSetup, outside_bytes: int | None = None,
         notes += (loss_note(setup),)
     if setup.offload_activations:
         notes += (offload_note(inventory.tensors),)
+    if setup.optimizer_in_backward:
+        notes += (IN_BACKWARD_NOTE,)
     if setup.strategy.deepspeed:
         notes += deepspeed_notes(setup, inventory)
     if len(setup.model.attention_implementations()) == 1:  # make_setup took the one transformers allows

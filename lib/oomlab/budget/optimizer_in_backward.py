@@ -34,7 +34,11 @@ from oomlab.budget.step_parts import ModelStates, StepTensors
 from oomlab.core.choices import Method, Optimizer
 from oomlab.core.setup import TrainingSetup
 
-__all__ = ["in_backward_candidates", "largest_layer_tensor", "pending_tied_bytes", "step_bytes"]
+__all__ = ["NOTE", "in_backward_candidates", "largest_layer_tensor", "pending_tied_bytes", "step_bytes"]
+
+NOTE = ("optimizer stepped inside backward (torchtune's optimizer_in_bwd): one optimizer per parameter, stepped in its "
+        "post-accumulate-grad hook and its gradient freed at once, so no moment holds every gradient; the step's "
+        "temporaries are per parameter; nothing steps after backward")
 
 Moment = dict[MemCategory, int]  # one moment's bytes by category
 

@@ -73,7 +73,9 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("parallelism_config.parallelism_config_cp_size", _above_one, "accelerate's ParallelismConfig context "
                                                                   "parallelism"),
     ("optimizer_in_bwd", _on, "torchtune's optimizer-in-backward: each parameter stepped and its gradient freed as "
-                              "soon as it is computed (no full set of gradients is ever held)"),
+                              "soon as it is computed (no full set of gradients is ever held); oomlab budgets it for "
+                              "torchtune's own recipe (oomlab budget --optimizer-in-backward), not in this launch's "
+                              "trainer"),
     ("ac_mode", lambda v: str(v).strip().lower() in _SELECTIVE_AC,
      "torchtune's selective activation checkpointing (per op, or every k-th layer via ac_option)"),
     ("gradient_checkpointing_kwargs", _policy_kwargs,

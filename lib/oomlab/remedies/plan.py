@@ -228,9 +228,9 @@ def fold_label_twins(remedies: list[Remedy], bf16: bool) -> list[Remedy]:
 
 
 # what no remedy changes: the training loop, its reference, the stack, the loss kernel, activation offloading (NB: the
-# dtype a LoRA base was loaded in is the configured row's only: every remedy's train.py loads it in half, and the
-# ladder's first rung does so for the user's own launch)
-KEPT = ("trainer", "reference", "versions", "loss", "offload_activations", "optimizer_in_backward")
+# dtype a LoRA base was loaded in and an optimizer stepped in backward are the configured row's only: every remedy's
+# train.py loads the base in half and steps after backward, and the ladder starts from the user's own run)
+KEPT = ("trainer", "reference", "versions", "loss", "offload_activations")
 
 
 def configured_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, nodes: int = DEFAULTS.nodes, *,
@@ -380,12 +380,12 @@ def make_plan(
         raise InvalidValueError(f"invalid seq {seq}; {spec.name} has max_position_embeddings "
                                 f"{spec.max_position_embeddings}: use a sequence length up to that")
     run = {"trainer": trainer, "reference": reference, "versions": versions, "loss": loss,
-           "offload_activations": offload_activations,
-           "optimizer_in_backward": optimizer_in_backward}  # every remedy keeps these (KEPT)
+           "offload_activations": offload_activations}  # every remedy keeps these (KEPT)
     base = configured_setup(spec, gpu_spec, gpus, nodes, seq=seq, batch=batch, precision=precision,
                             optimizer=optimizer, checkpointing=checkpointing, attention=attention,
                             lora_rank=lora_rank, strategy=strategy, method=method, lora_targets=lora_targets,
-                            lora_alpha=lora_alpha, base_dtype=base_dtype, **run)
+                            lora_alpha=lora_alpha, base_dtype=base_dtype,
+                            optimizer_in_backward=optimizer_in_backward, **run)
     run["versions"] = base.versions  # parsed once
     evaluator = Evaluator(host_ram_bytes, outside_bytes)
     configured = evaluate_remedy(base, host_ram_bytes, assumptions=assumptions, evaluator=evaluator)
