@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import weakref
-from typing import List
 
 import pytest
 import torch
@@ -32,6 +31,9 @@ from oomlab.budget.frameworks import (
 from oomlab.budget.inventory import take_inventory
 from oomlab.budget.result import MemCategory, Phase
 from oomlab.core.setup import make_setup
+from tests.budget.test_loss_kernels_chunked import (
+    litgpt_chunked_cross_entropy,  # its list branch is unchanged at 00af8b0d
+)
 
 F4 = pytest.importorskip("bitsandbytes.functional")
 
@@ -87,20 +89,6 @@ class MatMul4Bit042(torch.autograd.Function):
         return grad_A, None, None, None, None
 
 
-def chunked_cross_entropy(
-    logits: List[torch.Tensor], targets: torch.Tensor, chunk_size: int = 128, ignore_index: int = -100
-) -> torch.Tensor:
-    """litgpt 00af8b0d litgpt/utils.py :293-320, the list branch."""
-    logit_chunks = [logit_chunk.reshape(-1, logit_chunk.size(-1)) for logit_chunk in logits]
-    target_chunks = [target_chunk.reshape(-1) for target_chunk in targets.split(logits[0].size(1), dim=1)]
-    loss_chunks = [
-        torch.nn.functional.cross_entropy(logit_chunk, target_chunk, ignore_index=ignore_index, reduction="none")
-        for logit_chunk, target_chunk in zip(logit_chunks, target_chunks)
-    ]
-    non_masked_elems = (targets != ignore_index).sum()
-    return torch.cat(loss_chunks).sum() / non_masked_elems.maximum(torch.ones_like(non_masked_elems))
-
-
 def _quantized(rows: int, cols: int):
     """Fabric's quantize (Lightning 2.4.0 plugins/precision/bitsandbytes.py :334-341): from fp16, nf4, no double
     quantization."""
@@ -132,7 +120,7 @@ def _run_loop(mode: Live) -> dict[str, int]:
         moments["forward"] = mode.peak
         mode.reset()
         logits[-1] = logits[-1][..., :-1, :]  # :305 (the view of a 44-position chunk)
-        loss = chunked_cross_entropy(logits, targets[..., 1:S])  # :307
+        loss = litgpt_chunked_cross_entropy(logits, targets[..., 1:S])  # :307
         moments["loss"] = mode.peak
         mode.reset()
         loss.backward()  # :308

@@ -325,8 +325,8 @@ def _fix_launch(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile
             text = style.set(text, "optim", _OPTIM_FLAGS[s.optimizer].split()[-1])
         elif knob == "reference":
             text = with_flag(text, "--precompute_ref_log_probs", "True")
-        elif knob == "base_dtype" and _load_dtype_flag(launch) is not None:
-            text = with_flag(text, _load_dtype_flag(launch), s.precision.compute_dtype)
+        elif knob == "base_dtype" and (flag := _load_dtype_flag(launch)) is not None:
+            text = with_flag(text, flag, s.precision.compute_dtype)
         elif knob == "loss" and framework_of(launch.command) is not Framework.AXOLOTL:  # axolotl: its YAML's plugins
             text = style.set(text, "loss", "True")
         elif knob == "gpus":
