@@ -263,3 +263,19 @@ def test_moe_qlora_within_15_percent_at_its_transformers(comparisons) -> None:
     for c in rows:
         v5 = {**c.row.setup_kwargs, "versions": {**c.row.setup_kwargs["versions"], "transformers": "5.0.0"}}
         assert published_rows.figure_bytes(estimate(**v5), c.figure) > 2 * c.row.value_bytes
+
+
+def test_torchtune_flags_chain_ran_no_foreach_step(comparisons) -> None:
+    """The torchtune README chain is mapped as fused AdamW because its '+ Activation Checkpointing' row measured less
+    than a foreach AdamW step allocates there: budgeted with foreach (one full sqrt copy of the states beside
+    weights, gradients and both states) the same row is over a bf16 copy of the weights above the published peak."""
+    (ac,) = [c for c in comparisons if c.row.id == "torchtune-readme-flags-3b-ac"]
+    chain = [c for c in comparisons if c.row.source == ac.row.source and c.row.setup_kwargs["method"] == "full"
+             and c.row.setup_kwargs["optimizer"] != "adamw-8bit"]
+    assert len(chain) == 7 and {c.row.setup_kwargs["optimizer"] for c in chain} == {"adamw-fused"}
+    foreach = estimate(**{**ac.row.setup_kwargs, "optimizer": "adamw"})
+    assert foreach.peak_phase is Phase.OPTIMIZER
+    weights = foreach.components[MemCategory.WEIGHTS]
+    assert foreach.components[MemCategory.WORKSPACE] == weights  # the sqrt copy of a bf16 state
+    floor = published_rows.figure_bytes(foreach, ac.figure)
+    assert floor - ac.row.value_bytes > 0.75 * weights and abs(ac.error) <= 0.05
