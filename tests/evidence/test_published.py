@@ -268,7 +268,7 @@ def test_moe_qlora_within_15_percent_at_its_transformers(comparisons) -> None:
 def test_torchtune_flags_chain_ran_no_foreach_step(comparisons) -> None:
     """The torchtune README chain is mapped as fused AdamW because its '+ Activation Checkpointing' row measured less
     than a foreach AdamW step allocates there: budgeted with foreach (one full sqrt copy of the states beside
-    weights, gradients and both states) the same row is over a bf16 copy of the weights above the published peak."""
+    weights, gradients and both states) the same row is above the published peak by most of that bf16 copy."""
     (ac,) = [c for c in comparisons if c.row.id == "torchtune-readme-flags-3b-ac"]
     chain = [c for c in comparisons if c.row.source == ac.row.source and c.row.setup_kwargs["method"] == "full"
              and c.row.setup_kwargs["optimizer"] != "adamw-8bit"]

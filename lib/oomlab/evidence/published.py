@@ -290,9 +290,8 @@ def _gap_lines(comparisons: Sequence[Comparison], secondary: Sequence[SecondaryC
         f"({format_size(ac.row.value_bytes)}) is below what a foreach AdamW step allocates there "
         f"({format_size(foreach)}: weights, gradients, both states and one full sqrt copy of them) by "
         f"{format_size(foreach - ac.row.value_bytes)}, most of that copy ({format_size(sqrt_copy)}); the README's "
-        "command would give foreach, yet the run stepped without the "
-        f"temporary, so its chain is mapped as fused AdamW ({format_size(ac.estimate_bytes)}). The baseline's "
-        "4,096-token bound says nothing of Alpaca's lengths.",
+        "command would give foreach, yet the run stepped without the temporary, so its chain is mapped as fused "
+        f"AdamW ({format_size(ac.estimate_bytes)}). The baseline's 4,096-token bound says nothing of Alpaca's lengths.",
         _upcast_line(comparisons),
     ]
 
