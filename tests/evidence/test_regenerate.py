@@ -23,6 +23,7 @@ GENERATORS = {
     "deepspeed-estimators": "docs/deepspeed-estimators.md",
     "margins": "lib/oomlab/data/margins.json",
     "trainers": "docs/trainers-small-scale.md",
+    "nf4-events": "lib/oomlab/data/torchao-nf4-events.json",
 }
 
 

@@ -46,6 +46,10 @@ GENERATORS: tuple[Generator, ...] = (
               "Derive the margin a fit must keep per training method from the published measurements (the largest "
               "excess of a trusted real-GPU peak over the estimate, plus fragmentation).",
               ("lib/oomlab/data/margins.json",), "a few seconds"),
+    Generator("nf4-events", "nf4_events",
+              "Record torchao 0.1's NF4 quantization (to_nf4, get_original_weight) again on CPU: every tensor it "
+              "allocates and frees, per weight element (what the torchtune < 0.2 QLoRA init budget replays).",
+              ("lib/oomlab/data/torchao-nf4-events.json",), "a few seconds"),
     Generator("deepspeed-estimators", "deepspeed_estimators",
               "Run DeepSpeed's own ZeRO memory estimators again and set oomlab's DeepSpeed budget beside them, "
               "every difference sized.", ("docs/deepspeed-estimators.md",), "about a second"),
