@@ -60,7 +60,7 @@ def test_unknown_package_lists_the_known_ones() -> None:
     with pytest.raises(UnknownNameError) as info:
         parse_versions("tensorflow==2.15.0")
     assert str(info.value).startswith("unknown package 'tensorflow'; known: accelerate, bitsandbytes, deepspeed, "
-                                      "litgpt, peft, torch, torchtune, transformers, trl")
+                                      "litgpt, peft, torch, torchao, torchtune, transformers, trl")
 
 
 def test_pip_freeze_file(tmp_path) -> None:
@@ -103,6 +103,8 @@ BOUNDARIES = [
     (Fact.LOAD_STREAMS, "transformers", "4.57.1", "5.0.0"),
     (Fact.TRAINER_ADAMW_TORCH, "transformers", "4.31.0", "4.32.0"),  # PR #25109
     (Fact.SDPA_DEFAULT, "transformers", "4.35.2", "4.36.0"),  # PR #26572
+    (Fact.TORCHAO_CHUNKED_NF4, "torchao", "0.1", "0.2.0"),  # PR #196, commit 6081796bc
+    (Fact.TORCHTUNE_FROZEN_NF4, "torchtune", "0.2.1", "0.3.0"),
 ]
 
 
@@ -116,6 +118,19 @@ def test_fact_changes_at_its_release(fact: Fact, package: str, before: str, sinc
     assert not applies(fact, versions_from({package: before}))
     assert applies(fact, versions_from({package: since}))
     assert fact.source  # every fact cites the file that changed
+
+
+def test_a_framework_release_pins_its_torchao() -> None:
+    """torchtune 0.1.x pins torchao 0.1 (unchunked NF4), 0.2.x 0.3.1; the user's own pin wins, and without torchtune
+    torchao is what is installed (here: none, so the newest behaviour)."""
+    old = versions_from({"torchtune": "0.1.1"})
+    assert old.release("torchao") == (0, 1) and old.origin("torchao") is Origin.PINNED
+    assert not applies(Fact.TORCHAO_CHUNKED_NF4, old)
+    assert "torchao 0.1 (pinned by the framework)" in old.describe()
+    assert versions_from({"torchtune": "0.2.0"}).release("torchao") == (0, 3, 1)
+    assert versions_from({"torchtune": "0.4.0"}).origin("torchao") is not Origin.PINNED
+    own = versions_from({"torchtune": "0.1.0", "torchao": "0.2.0"})
+    assert own.origin("torchao") is Origin.GIVEN and applies(Fact.TORCHAO_CHUNKED_NF4, own)
 
 
 def test_frameworks_run_no_peft_preparation() -> None:

@@ -19,6 +19,7 @@ from oomlab.budget.deepspeed import deepspeed_notes
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
 from oomlab.budget.inventory import assemble_phases, take_inventory
 from oomlab.budget.loss_kernels import loss_note
+from oomlab.budget.nf4_init import torchao_init
 from oomlab.budget.optimizer_in_backward import NOTE as IN_BACKWARD_NOTE
 from oomlab.budget.result import BudgetResult, MemCategory, Source, outside_note
 from oomlab.budget.step_parts import Inventory
@@ -202,6 +203,9 @@ def sft_estimate(setup: TrainingSetup, outside_bytes: int | None = None,
         notes += (IN_BACKWARD_NOTE,)
     if setup.strategy.deepspeed:
         notes += deepspeed_notes(setup, inventory)
+    load = torchao_init(setup, outside)  # torchtune < 0.2.0's QLoRA init (torchao 0.1), else None
+    if load is not None:
+        notes += (load.what,)
     if len(setup.model.attention_implementations()) == 1:  # make_setup took the one transformers allows
         notes += (f"attention: {setup.attention.value}, the only implementation transformers runs for "
                   f"{setup.model.family.value} models (whatever was asked)",)
@@ -209,5 +213,5 @@ def sft_estimate(setup: TrainingSetup, outside_bytes: int | None = None,
         setup=setup, source=Source.ANALYTIC, peak_phase=peak_phase,
         phases=MappingProxyType({p: MappingProxyType(c) for p, c in phases.items()}),
         components=MappingProxyType(components), host_ram_bytes=host_ram_bytes(setup, inventory),
-        capacity_bytes=setup.gpu.total_memory_bytes, notes=notes, outside_source=outside_source,
+        capacity_bytes=setup.gpu.total_memory_bytes, notes=notes, outside_source=outside_source, load=load,
     )

@@ -36,10 +36,15 @@ def render_budget(result: BudgetResult) -> str:
         + (f", base loaded in {s.base_dtype.value}" if s.base_dtype is not DEFAULTS.base_dtype
            and s.method is not Method.FULL else "")
         + f" [{result.source.value}]",
-        f"peak in the {result.peak_phase.value} phase:",
+        ("peak while loading the model; the step's own peak" if result.loading_peaks else "peak")
+        + f" in the {result.peak_phase.value} phase:",
     ]
     for category, value in sorted(result.components.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {category.value:<22} {format_size(value):>12}")
+    if result.load is not None:  # loading's own peak (oomlab.budget.nf4_init), its mechanism and source in a note
+        lines.append(f"  {'loading needs':<22} {format_size(result.load.need_bytes):>12}  (allocated peak "
+                     f"{format_size(result.load.allocated_peak_bytes)}, then "
+                     f"{format_size(result.load.reserved_bytes)} reserved)")
     lines += [
         f"  {'allocated peak':<22} {format_size(result.allocated_peak_bytes):>12}  (torch.cuda.max_memory_allocated)",
         f"  {'per-GPU peak':<22} {format_size(result.per_gpu_peak_bytes):>12}  (nvidia-smi)",
@@ -49,6 +54,8 @@ def render_budget(result: BudgetResult) -> str:
         f"host RAM needed: {format_size(result.host_ram_bytes)}",
         *versions_notes(s),  # the releases assumed (given or installed) and what they change here
     ]
+    if result.load is not None:
+        lines.append(result.load.what)
     if s.loss.fused:  # the kernel that replaces the logits, with its source (oomlab.budget.loss_kernels)
         lines.append(loss_note(s))
     if s.trainer is not Trainer.SFT:  # the trainer's own terms, each with its source (oomlab.budget.trainers)

@@ -66,6 +66,21 @@ ALLOCATED = (MemCategory.WEIGHTS, MemCategory.GRADIENTS, MemCategory.MASTER_WEIG
 
 
 @dataclass(frozen=True)
+class LoadPeak:
+    """What loading the model holds on each GPU where it peaks apart from the step (torchtune < 0.2.0's QLoRA init:
+    :mod:`oomlab.budget.nf4_init`); the step then runs in what loading left cached."""
+
+    allocated_peak_bytes: int  # the most live tensors held while loading
+    reserved_bytes: int  # the caching allocator's segments after loading (reused by the step, not released)
+    need_bytes: int  # the least GPU loading runs on: its allocated peak, unavoidable fragmentation, outside PyTorch
+    what: str  # one sentence: the mechanism, the figures, the source
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"allocated_peak_bytes": self.allocated_peak_bytes, "reserved_bytes": self.reserved_bytes,
+                "need_bytes": self.need_bytes, "what": self.what}
+
+
+@dataclass(frozen=True)
 class BudgetResult:
     """Per-GPU memory of one training step."""
 
@@ -78,6 +93,7 @@ class BudgetResult:
     capacity_bytes: int
     notes: tuple[str, ...] = ()  # what the figures assume, one sentence each (the outside-PyTorch one among them)
     outside_source: str | None = None  # where the outside-PyTorch figure comes from; None: given by the caller
+    load: LoadPeak | None = None  # loading's own peak where it has one apart from the step (else None)
 
     @property
     def outside_note(self) -> str:
@@ -96,14 +112,34 @@ class BudgetResult:
         return self.parameters if s.method is Method.FULL else s.model.lora_parameters(s.lora_rank, s.lora_targets)
 
     @property
-    def allocated_peak_bytes(self) -> int:
-        """What ``torch.cuda.max_memory_allocated`` would report."""
+    def step_allocated_peak_bytes(self) -> int:
+        """The step's own allocated peak: the sum of its allocated components."""
         return sum(v for k, v in self.components.items() if k in ALLOCATED)
 
     @property
+    def allocated_peak_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_allocated`` would report over the run: the step's, or loading's above it."""
+        step = self.step_allocated_peak_bytes
+        return step if self.load is None else max(step, self.load.allocated_peak_bytes)
+
+    @property
+    def reserved_peak_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_reserved`` would report: the step's allocated peak and its allocator overhead,
+        or what loading left cached where that is more (the step reuses it)."""
+        step = self.step_allocated_peak_bytes + self.components.get(MemCategory.ALLOCATOR_OVERHEAD, 0)
+        return step if self.load is None else max(step, self.load.reserved_bytes)
+
+    @property
+    def loading_peaks(self) -> bool:
+        """Does loading need more of each GPU than the step?"""
+        return self.load is not None and self.load.need_bytes > sum(self.components.values())
+
+    @property
     def per_gpu_peak_bytes(self) -> int:
-        """What nvidia-smi would show at the peak: allocated + allocator overhead + outside PyTorch."""
-        return sum(self.components.values())
+        """What nvidia-smi would show at the peak: allocated + allocator overhead + outside PyTorch -- the step's, or
+        loading's where it needs more (:attr:`load`)."""
+        step = sum(self.components.values())
+        return step if self.load is None else max(step, self.load.need_bytes)
 
     @property
     def headroom_bytes(self) -> int:
@@ -137,6 +173,7 @@ class BudgetResult:
             "host_ram_bytes": self.host_ram_bytes, "capacity_bytes": self.capacity_bytes,
             "fits": self.fits, "headroom_bytes": self.headroom_bytes, "notes": list(self.notes),
             "outside_pytorch_source": self.outside_source,
+            "load": None if self.load is None else self.load.to_dict(),
         }
 
 

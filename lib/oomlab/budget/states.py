@@ -72,23 +72,40 @@ def experts_quantized(setup: TrainingSetup) -> bool:
     return setup.model.family not in EXPERTS_ALWAYS_3D and not applies(Fact.MOE_EXPERTS_3D, setup.versions)
 
 
+def adapted_only(setup: TrainingSetup) -> tuple[str, ...] | None:
+    """The LoRA targets where QLoRA quantizes only the projections it adapts -- torchtune before 0.3.0, whose
+    builders keep every other projection an ``nn.Linear`` in the model's dtype
+    (:attr:`~oomlab.core.versions.Fact.TORCHTUNE_FROZEN_NF4`) -- else None (every layer's nn.Linear)."""
+    if setup.versions.framework == "torchtune" and not applies(Fact.TORCHTUNE_FROZEN_NF4, setup.versions):
+        return tuple(setup.lora_targets)
+    return None
+
+
 def quantized_parameters(setup: TrainingSetup) -> int:
-    """Parameters QLoRA quantizes: the decoder layers' nn.Linear weights, and the experts where they are nn.Linear
-    (:func:`experts_quantized`)."""
-    return _quantized_parameters(setup.model, experts_quantized(setup))
+    """Parameters QLoRA quantizes: the decoder layers' nn.Linear weights (the adapted ones only under torchtune <
+    0.3.0: :func:`adapted_only`), and the experts where they are nn.Linear (:func:`experts_quantized`)."""
+    return _quantized_parameters(setup.model, experts_quantized(setup), adapted_only(setup))
+
+
+def _adapted(name: str, targets: tuple[str, ...] | None) -> bool:
+    return targets is None or name.rsplit(".", 1)[-1] in targets
 
 
 @lru_cache(maxsize=256)
-def _quantized_parameters(spec: ModelSpec, experts: bool) -> int:
-    return sum(layout.linear_weight_params + (layout.expert_params if experts else 0) for layout in spec.layer_layouts)
+def _quantized_parameters(spec: ModelSpec, experts: bool, targets: tuple[str, ...] | None = None) -> int:
+    if targets is None:
+        return sum(layout.linear_weight_params + (layout.expert_params if experts else 0)
+                   for layout in spec.layer_layouts)
+    return sum(p.in_features * p.out_features + (layout.expert_params if experts else 0)
+               for layout in spec.layer_layouts for name, p in layout.projections.items() if _adapted(name, targets))
 
 
 def _quantized_matrices(setup: TrainingSetup) -> int:
-    """4-bit weights, each with its own quantization state: every layer's nn.Linear modules (3 per expert where the
-    experts are quantized)."""
-    spec = setup.model
+    """4-bit weights, each with its own quantization state: every layer's (adapted: :func:`adapted_only`) nn.Linear
+    modules (3 per expert where the experts are quantized)."""
+    spec, targets = setup.model, adapted_only(setup)
     experts = sum(3 * layout.experts for layout in spec.layer_layouts) if experts_quantized(setup) else 0
-    return sum(len(layout.projections) for layout in spec.layer_layouts) + experts
+    return sum(_adapted(name, targets) for layout in spec.layer_layouts for name in layout.projections) + experts
 
 
 def kbit_upcast(setup: TrainingSetup) -> bool:

@@ -387,5 +387,5 @@ def traced_budget(setup: TrainingSetup, outside_bytes: int | None = None) -> Bud
         phases=MappingProxyType(phases), components=MappingProxyType(components),
         host_ram_bytes=analytic.host_ram_bytes, capacity_bytes=analytic.capacity_bytes,
         notes=(f"traced with {trace.method} in {trace.seconds:.1f} s", *trace.notes, *analytic.notes),
-        outside_source=analytic.outside_source,
+        outside_source=analytic.outside_source, load=analytic.load,
     )

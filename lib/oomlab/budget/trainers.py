@@ -275,4 +275,4 @@ def trainer_estimate(setup: TrainingSetup, outside_bytes: int | None = None,
         setup=setup, source=base.source, peak_phase=peak_phase,
         phases=MappingProxyType({p: MappingProxyType(c) for p, c in phases.items()}),
         components=MappingProxyType(components), host_ram_bytes=host, capacity_bytes=base.capacity_bytes,
-        notes=(*terms.lines, *base.notes), outside_source=base.outside_source)
+        notes=(*terms.lines, *base.notes), outside_source=base.outside_source, load=base.load)

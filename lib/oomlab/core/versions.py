@@ -32,8 +32,16 @@ Release = tuple[int, ...]
 
 # The packages whose release moves a budgeted byte (the model code, the adapters, the quantization, the optimizer and
 # the launcher), and the training frameworks that replace transformers + peft altogether (their own model code).
-PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "trl", "deepspeed")
+PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "trl", "deepspeed", "torchao")
 FRAMEWORKS = ("torchtune", "litgpt")
+# The release a framework pins for a package it installs with itself: (package, framework, the framework's releases
+# from, up to (excluded), the pinned release).  Read where neither the user nor the framework's own release is given
+# otherwise -- the pin is what that framework's users ran.  torchtune v0.1.0 and v0.1.1 pyproject.toml
+# dependencies: "torchao==0.1"; v0.2.0 and v0.2.1: "torchao==0.3.1" (pytorch/torchtune tags).
+FRAMEWORK_PINS: tuple[tuple[str, str, tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...] = (
+    ("torchao", "torchtune", (0, 1), (0, 2), (0, 1)),
+    ("torchao", "torchtune", (0, 2), (0, 3), (0, 3, 1)),
+)
 KNOWN = PACKAGES + FRAMEWORKS
 MAX_PINS = 64  # a --versions list names a handful; a pip freeze file is filtered to KNOWN first
 
@@ -58,6 +66,7 @@ class Origin(enum.Enum):
     """Where a package's release came from."""
 
     GIVEN = "given"  # the user named it
+    PINNED = "pinned by the framework"  # not given: the release the user's framework release pins (FRAMEWORK_PINS)
     INSTALLED = "installed"  # not given: the release installed beside oomlab
 
 
@@ -75,11 +84,22 @@ class Versions:
                 return release
         if package in FRAMEWORKS:  # a framework counts only when the user names it (installed it does nothing)
             return None
-        return dict(self.installed).get(package)
+        pinned = self._pinned(package)
+        return pinned if pinned is not None else dict(self.installed).get(package)
+
+    def _pinned(self, package: str) -> Release | None:
+        """The release of ``package`` that the user's framework release pins (:data:`FRAMEWORK_PINS`), or None."""
+        for name, framework, low, high, pin in FRAMEWORK_PINS:
+            release = dict(self.given).get(framework)
+            if name == package and release is not None and low <= release < high:
+                return pin
+        return None
 
     def origin(self, package: str) -> Origin | None:
         if any(name == package for name, _ in self.given):
             return Origin.GIVEN
+        if package not in FRAMEWORKS and self._pinned(package) is not None:
+            return Origin.PINNED
         return Origin.INSTALLED if self.release(package) is not None else None
 
     @cached_property
@@ -263,6 +283,22 @@ class Fact(Choice):
         "4.x modeling_utils.py from_pretrained: 'if device_map is not None: low_cpu_mem_usage = True', PR #25603 "
         "(4/8-bit forces it), commit 3f06f95 modeling_utils.py:3442-3443 (is_fsdp_enabled() -> True); NB: releases "
         "4.51-4.57 may already stream (the from_pretrained refactor), 5.0.0 is the release checked")
+
+    TORCHAO_CHUNKED_NF4 = (
+        "torchao-chunked-nf4", "torchao", (0, 2, 0),
+        "to_nf4 finds each element's nearest NF4 code in chunks of 1024**2 elements; before, over the whole weight at "
+        "once -- (value.unsqueeze(-1) - nf4).abs() holds two (elements x 16) tensors, 64 bytes per bf16 weight "
+        "element at the quantization's peak (torchtune < 0.2.0 pins torchao 0.1: its QLoRA init)",
+        "torchao v0.1 (the PyPI wheel) torchao/dtypes/nf4tensor.py:438-446 quantize_tensor_nearest over the whole "
+        "flattened weight, called from convert_to_norm_float_weight:378-407; v0.2.0 nf4tensor.py:33 CHUNK_SIZE = "
+        "1024**2, :649-652 the chunk loop (PR #196 'perform in chunks', commit 6081796bc, 2024-05-01)")
+
+    TORCHTUNE_FROZEN_NF4 = (
+        "torchtune-frozen-nf4", "torchtune", (0, 3, 0),
+        "QLoRA's builders quantize the projections LoRA does not adapt too (FrozenNF4Linear); before, those stayed "
+        "nn.Linear in the model's dtype (bf16) and only the adapted ones were NF4",
+        "torchtune v0.3.0 torchtune/models/llama2/_component_builders.py:134-144 ('else FrozenNF4Linear(...)'); "
+        "v0.2.0 the same file :331-367 and v0.1.0 :329-362 ('else nn.Linear(...)')")
 
     @property
     def release_text(self) -> str:

@@ -10,9 +10,10 @@ them (a row above the estimate; rows below it need no margin), so the margin cov
 fragmentation allowance, assumed and stated: rows compared on ``allocated`` or ``active`` counters do not include the
 allocator's cached-but-free blocks. A method with no trusted row gets the largest margin of the others, said so. A
 row whose own "after model init" figure is already within :data:`LOAD_SET_PEAK` of its training peak measured the
-load, not the step (torchtune's QLoRA tutorial: 9.13 GB reserved at init, 9.29 GB in training -- the bf16 weights
-loaded before quantizing, cached by the allocator): it cannot calibrate the step's margin and is left out, named in
-the margin's source.
+load, not the step: where oomlab budgets that load (:attr:`~oomlab.budget.result.BudgetResult.load` -- torchtune's
+QLoRA tutorial, 9.13 GB reserved at init and 9.29 GB in training, on torchao 0.1's unchunked quantization) the row
+counts like any other; where it does not, it cannot calibrate the step's margin and is left out, named in the
+margin's source.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ def _method(c: Comparison) -> Method:
 
 
 def peak_set_at_load(c: Comparison) -> bool:
-    """Did the row's run reach its peak while loading (its own after-init figure near the training one)?"""
+    """Did the row's run reach its peak while loading (its own after-init figure near the training one) where oomlab
+    does not budget the load?"""
+    if c.result is not None and c.result.load is not None:
+        return False
     return any(m.moment is Moment.AFTER_MODEL_INIT and m.value_bytes >= LOAD_SET_PEAK * c.row.value_bytes
                for m in c.row.secondary)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from oomlab.budget.analytic import ALLOCATOR_FRAGMENTATION
 from oomlab.budget.api import estimate
-from oomlab.budget.result import BudgetResult, MemCategory
+from oomlab.budget.result import BudgetResult, MemCategory, Phase
 from oomlab.core.choices import Loss
 from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.files import write_text_atomic
@@ -246,6 +246,7 @@ def _gap_lines(comparisons: Sequence[Comparison], secondary: Sequence[SecondaryC
                and c.row.reliability is not Reliability.SUSPECT and c.row.setup_kwargs["method"] == m]
            for m in ("lora", "qlora")}
     init = next(s for s in secondary if s.metric.moment is Moment.AFTER_MODEL_INIT)
+    init_weights = by_id[init.row_id].result.phases[Phase.OPTIMIZER][MemCategory.WEIGHTS]
     reserved = [c.error for c in comparisons if c.error is not None and c.row.length is Length.VARIABLE
                 and c.row.compared_as is MetricKind.RESERVED]
     ac = by_id["torchtune-readme-flags-3b-ac"]
@@ -264,13 +265,17 @@ def _gap_lines(comparisons: Sequence[Comparison], secondary: Sequence[SecondaryC
         "parameter (plus foreach AdamW's bf16 temporary) where peft's need 16. torchtune's tutorial rank 8 → 64 on "
         f"every projection adds {format_signed_size(dtype.published_bytes)}; oomlab adds "
         f"{format_signed_size(dtype.estimate_bytes)}.",
-        f"3. **QLoRA is underestimated outside the steady step.** Right after model init torchtune's QLoRA tutorial "
-        f"already reserves {format_size(init.metric.value_bytes)}, against oomlab's "
-        f"{format_size(init.estimate_bytes)} of weights ({_pct(init.error)}), presumably what quantizing the "
-        "checkpoint on the GPU leaves cached, and that sets the reserved peak. litgpt's rows, budgeted as its loop "
-        "runs under Lightning Fabric (`oomlab.budget.frameworks`: the previous micro-batch's fp32 logits -- and under "
-        "bitsandbytes 0.42.0 every 4-bit input its graph keeps -- held into the next forward, the 4-bit head's fp16 "
-        "and bf16 dequantized copies, a separate head where Llama-3.2 ties it, NF4 without double quantization, "
+        f"3. **QLoRA's load can set the peak, at the framework's versions.** Right after model init torchtune's QLoRA "
+        f"tutorial already reserves {format_size(init.metric.value_bytes)}: its torchtune 0.1 pins torchao 0.1, whose "
+        "to_nf4 quantizes a weight unchunked (64 bytes per element at its peak), and the init quantizes every base "
+        "weight three times on the GPU (built, cloned per layer, loaded). Replaying torchao 0.1's recorded "
+        "allocations in torchtune 0.1.0's init order through oomlab's caching-allocator model "
+        f"(`oomlab.budget.nf4_init`) leaves {format_size(init.estimate_bytes)} reserved ({_pct(init.error)}); the "
+        f"weights alone are {format_size(init_weights)}, and the step reuses that cache. litgpt's rows, budgeted as "
+        "its loop runs under Lightning Fabric (`oomlab.budget.frameworks`: the previous micro-batch's fp32 logits "
+        "-- and under bitsandbytes 0.42.0 every 4-bit input its graph keeps -- held into the next forward, the "
+        "4-bit head's fp16 and bf16 dequantized copies, a separate head where Llama-3.2 ties it, NF4 without double "
+        "quantization, "
         f"PagedAdamW), are {_pct(min(lit['qlora']))} … {_pct(max(lit['qlora']))} (QLoRA) and "
         f"{_pct(min(lit['lora']))} … {_pct(max(lit['lora']))} (LoRA): their gap was litgpt's loop, not loading "
         "(litgpt quantizes one weight at a time as it loads). Where loading does not matter, the quantized "

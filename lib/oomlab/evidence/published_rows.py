@@ -49,7 +49,7 @@ class Figure(enum.Enum):
     RESERVED_PEAK = "reserved peak"  # allocated peak + the allocator overhead at the peak
     PER_GPU_PEAK = "per-GPU peak"  # BudgetResult.per_gpu_peak_bytes: reserved + memory outside PyTorch
     MODEL_STATES = "model states"  # weights + gradients + master weights + optimizer state, in the optimizer phase
-    WEIGHTS = "weights"  # the weights held all step
+    AFTER_LOAD = "reserved after loading"  # what loading leaves reserved (BudgetResult.load), else the weights
 
 
 # Which oomlab figure answers which published counter at which moment.  NB: "active" is compared with the allocated
@@ -60,7 +60,7 @@ FIGURES: Mapping[tuple[MetricKind, Moment], Figure] = MappingProxyType({
     (MetricKind.RESERVED, Moment.PEAK): Figure.RESERVED_PEAK,
     (MetricKind.NVIDIA_SMI, Moment.PEAK): Figure.PER_GPU_PEAK,
     (MetricKind.ALLOCATED, Moment.AFTER_OPTIMIZER_STEP): Figure.MODEL_STATES,
-    (MetricKind.RESERVED, Moment.AFTER_MODEL_INIT): Figure.WEIGHTS,
+    (MetricKind.RESERVED, Moment.AFTER_MODEL_INIT): Figure.AFTER_LOAD,
 })
 MODEL_STATE_CATEGORIES = (MemCategory.WEIGHTS, MemCategory.GRADIENTS, MemCategory.MASTER_WEIGHTS,
                           MemCategory.OPTIMIZER_STATE)
@@ -81,13 +81,15 @@ def figure_bytes(result: BudgetResult, figure: Figure) -> int:
     if figure is Figure.ALLOCATED_PEAK:
         return result.allocated_peak_bytes
     if figure is Figure.RESERVED_PEAK:
-        return result.allocated_peak_bytes + result.components.get(MemCategory.ALLOCATOR_OVERHEAD, 0)
+        return result.reserved_peak_bytes
     if figure is Figure.PER_GPU_PEAK:
         return result.per_gpu_peak_bytes
     after_step = result.phases[Phase.OPTIMIZER]
     if figure is Figure.MODEL_STATES:
         return sum(after_step.get(c, 0) for c in MODEL_STATE_CATEGORIES)
-    return after_step.get(MemCategory.WEIGHTS, 0)
+    if result.load is not None:  # loading has its own peak and leaves its cache (oomlab.budget.nf4_init)
+        return result.load.reserved_bytes
+    return after_step.get(MemCategory.WEIGHTS, 0)  # else the weights loading placed
 
 
 class Reliability(enum.Enum):
