@@ -127,6 +127,8 @@ def launch_note(setup: TrainingSetup) -> str:
 
 
 _VERSIONS_NOTES: BoundedMemo[tuple, tuple[str, ...]] = BoundedMemo()
+# the facts that move a QLoRA budget only (said for QLoRA setups only)
+QLORA_FACTS = (Fact.BNB_DROPS_SAVED_INPUT, Fact.TORCHAO_CHUNKED_NF4, Fact.TORCHTUNE_FROZEN_NF4)
 
 
 def versions_notes(setup: TrainingSetup) -> tuple[str, ...]:
@@ -145,7 +147,7 @@ def _versions_notes(setup: TrainingSetup) -> tuple[str, ...]:
     # the launch's facts (the Trainer's default optimizer and attention) are the launch reader's, not this budget's
     launch = (Fact.PEFT_KBIT_UPCAST, Fact.TRAINER_FUSED_ADAMW, Fact.TRAINER_ADAMW_TORCH, Fact.SDPA_DEFAULT)
     older = [f for f in FACTS if not applies(f, v) and f not in launch
-             and (f is not Fact.BNB_DROPS_SAVED_INPUT or setup.method is Method.QLORA)
+             and (f not in QLORA_FACTS or setup.method is Method.QLORA)
              and (f is not Fact.MOE_EXPERTS_3D or (setup.method is Method.QLORA and states.has_experts(setup)))]
     notes += [f"before {f.release_text}: {f.text.split('; before, ')[-1]}" for f in older]
     if states.kbit_upcast(setup):

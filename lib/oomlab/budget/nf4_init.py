@@ -204,8 +204,8 @@ def torchao_init(setup: TrainingSetup, outside_bytes: int) -> LoadPeak | None:
     need = _least_capacity(spec, targets, rank, outside_bytes)
     release = ".".join(map(str, setup.versions.release("torchao") or ()))
     what = (f"loading: torchtune's QLoRA init on torchao {release} quantizes each weight unchunked, three times "
-            f"(built, cloned per layer, loaded): {format_size(here.allocated_peak)} allocated at its peak, needing "
-            f"{format_size(need)} of a GPU with what is outside PyTorch"
+            f"(built, cloned per layer, loaded): {format_size(here.allocated_peak)} allocated at its peak, so it needs "
+            f"a GPU of {format_size(need)} or more (outside PyTorch and the allocator's fragmentation included)"
             + (f" -- out of memory while loading on this GPU, {format_size(here.short)} short" if here.short else
                f"; {format_size(here.reserved_after)} reserved after it on this GPU (cached: the step reuses it)")
             + f" ({Fact.TORCHAO_CHUNKED_NF4.value}: replayed from torchao 0.1's recorded allocations; torchao >= "

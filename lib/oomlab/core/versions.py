@@ -286,17 +286,17 @@ class Fact(Choice):
 
     TORCHAO_CHUNKED_NF4 = (
         "torchao-chunked-nf4", "torchao", (0, 2, 0),
-        "to_nf4 finds each element's nearest NF4 code in chunks of 1024**2 elements; before, over the whole weight at "
-        "once -- (value.unsqueeze(-1) - nf4).abs() holds two (elements x 16) tensors, 64 bytes per bf16 weight "
-        "element at the quantization's peak (torchtune < 0.2.0 pins torchao 0.1: its QLoRA init)",
+        "to_nf4 finds each element's nearest NF4 code in chunks of 1024**2 elements; before, to_nf4 searched the whole "
+        "weight at once -- (value.unsqueeze(-1) - nf4).abs() holds two (elements x 16) tensors, 64 bytes per bf16 "
+        "weight element at the quantization's peak (torchtune < 0.2.0 pins torchao 0.1: its QLoRA init)",
         "torchao v0.1 (the PyPI wheel) torchao/dtypes/nf4tensor.py:438-446 quantize_tensor_nearest over the whole "
         "flattened weight, called from convert_to_norm_float_weight:378-407; v0.2.0 nf4tensor.py:33 CHUNK_SIZE = "
         "1024**2, :649-652 the chunk loop (PR #196 'perform in chunks', commit 6081796bc, 2024-05-01)")
 
     TORCHTUNE_FROZEN_NF4 = (
         "torchtune-frozen-nf4", "torchtune", (0, 3, 0),
-        "QLoRA's builders quantize the projections LoRA does not adapt too (FrozenNF4Linear); before, those stayed "
-        "nn.Linear in the model's dtype (bf16) and only the adapted ones were NF4",
+        "QLoRA's builders quantize the projections LoRA does not adapt too (FrozenNF4Linear); before, only the "
+        "adapted projections were NF4 and the others stayed nn.Linear in the model's dtype (bf16)",
         "torchtune v0.3.0 torchtune/models/llama2/_component_builders.py:134-144 ('else FrozenNF4Linear(...)'); "
         "v0.2.0 the same file :331-367 and v0.1.0 :329-362 ('else nn.Linear(...)')")
 
