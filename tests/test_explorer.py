@@ -54,8 +54,8 @@ def test_seed_does_not_fit_and_names_the_largest_component(seed) -> None:
     assert not r.fits
     breaking = r.breaking_component
     assert render_verdict(seed.exploration)[0] == (
-        f"Does not fit on 4 x Tesla T4 (14.75 GiB each): needs {format_size(r.per_gpu_peak_bytes)} per GPU at the "
-        f"{r.peak_phase.value} peak, short by {format_size(-r.headroom_bytes)}; the largest component is "
+        f"Does not fit on 4 x Tesla T4 (14.75 GiB each): needs {format_size(r.per_gpu_peak_bytes)} per GPU in the "
+        f"{r.peak_phase.value} phase, short by {format_size(-r.headroom_bytes)}; the largest component is "
         f"{breaking.value} ({format_size(r.components[breaking])})."
     )
     assert "Does not fit on 4 x Tesla T4" in seed.verdict.value
@@ -397,3 +397,36 @@ def test_hardware_search_of_invalid_choices_says_why() -> None:
     with pytest.raises(InvalidValueError, match="invalid seq 10000000") as info:
         search_for(Choices(model="qwen2.5-0.5b", method="lora", seq=10**7))
     assert render_hardware_html(info.value).endswith(f"cannot search: {info.value}</div>")
+
+
+def test_the_run_description_controls_reach_the_budget(seed) -> None:
+    """Trainer, loss, activation offloading, the LoRA base dtype and the versions: the same setup (and so the same
+    answer) as make_setup with those values -- the pipeline's parameters, check's and plan's flags."""
+    seed.set_choices(Choices(model="llama-2-7b", gpu="a100-80gb", gpus=1, strategy="single", method="qlora",
+                             precision="bf16-mixed", batch=2, seq=512, checkpointing=True,
+                             lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                           "down_proj")))
+    seed.controls["versions"].value = "torchtune==0.1.0"
+    r = seed.exploration.result
+    assert r.setup.versions.framework == "torchtune" and r.load is not None
+    assert r.per_gpu_peak_bytes == estimate_setup(seed.choices.setup()).per_gpu_peak_bytes
+    assert any(line.startswith("Loading: torchtune's QLoRA init") for line in render_verdict(seed.exploration))
+    assert "while loading the model" in render_verdict(seed.exploration)[0]
+    seed.controls["versions"].value = "tensorflow==2.15.0"
+    assert seed.exploration.result is None and "unknown package 'tensorflow'" in seed.exploration.error
+    seed.controls["versions"].value = ""
+    seed.controls["method"].value = "lora"
+    for name, value in (("loss", "liger-flce"), ("offload_activations", True), ("base_dtype", "float32"),
+                        ("trainer", "dpo")):
+        before = seed.exploration.result.per_gpu_peak_bytes
+        seed.controls[name].value = value
+        setup = seed.exploration.result.setup
+        assert getattr(setup, name) == value or getattr(setup, name).value == value, name
+        assert seed.exploration.result.per_gpu_peak_bytes != before, name
+
+
+def test_bad_versions_are_refused_before_any_widget() -> None:
+    with pytest.raises(UnknownNameError, match="tensorflow"):
+        build_explorer(versions="tensorflow==2.15.0")
+    with pytest.raises(InvalidValueError, match="name==release"):
+        build_explorer(versions="requirements.txt")

@@ -27,6 +27,7 @@ from oomlab.core.prices import resolve_host_ram
 from oomlab.core.search import largest_true
 from oomlab.core.setup import TrainingSetup, lora_targets_for, make_setup
 from oomlab.core.units import GiB, MiB, format_size
+from oomlab.core.versions import versions_from
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.remedies.hardware import HardwareSearch, search_hardware
 from oomlab.remedies.hardware_display import HARDWARE_HEADERS
@@ -73,13 +74,20 @@ class Choices:
     lora_targets: tuple[str, ...] = DEFAULTS.lora_targets  # used by lora / qlora only
     host_ram_bytes: int = resolve_host_ram(registry_default("host_ram"), DEFAULTS.gpu, DEFAULTS.gpus).host_ram_bytes
     outside_mib: float | None = None  # memory outside PyTorch per GPU; None: the shipped figure for the GPU
+    trainer: str = DEFAULTS.trainer.value  # the training loop (SFT, DPO, ...), as the pipeline's parameter
+    loss: str = DEFAULTS.loss.value  # the loss kernel
+    offload_activations: bool = DEFAULTS.offload_activations  # saved activations in host memory
+    base_dtype: str = DEFAULTS.base_dtype.value  # LoRA's frozen base as loaded (half, or float32)
+    versions: str | None = None  # the releases the run uses, as name==release pins; None: the installed ones
 
     def setup(self) -> TrainingSetup:
         """The validated training setup (raises :class:`~oomlab.core.errors.OomlabError` with the reason)."""
         return make_setup(model=self.model, gpu=self.gpu, gpus=self.gpus, nodes=self.nodes, strategy=self.strategy,
                           method=self.method, precision=self.precision, optimizer=self.optimizer,
                           batch=self.batch, seq=self.seq, checkpointing=self.checkpointing,
-                          attention=self.attention, lora_rank=self.lora_rank, lora_targets=self.lora_targets)
+                          attention=self.attention, lora_rank=self.lora_rank, lora_targets=self.lora_targets,
+                          trainer=self.trainer, loss=self.loss, offload_activations=self.offload_activations,
+                          base_dtype=self.base_dtype, versions=self.versions)
 
     @property
     def outside_bytes(self) -> int | None:
@@ -161,16 +169,16 @@ def render_verdict(exploration: Exploration) -> list[str]:
     s = r.setup
     where = f"{s.world_size} x {s.gpu.display_name} ({format_size(r.capacity_bytes)} each)"
     if r.fits and not exploration.host_ram_fits:
-        gpu_line = (f"Fits the GPUs but not the host RAM: {format_size(r.per_gpu_peak_bytes)} per GPU on {where} at "
-                    f"the {r.peak_phase.value} peak, headroom {format_size(r.headroom_bytes)}; the node needs more "
+        gpu_line = (f"Fits the GPUs but not the host RAM: {format_size(r.per_gpu_peak_bytes)} per GPU on {where} "
+                    f"{r.peak_where}, headroom {format_size(r.headroom_bytes)}; the node needs more "
                     "host RAM (below).")
     elif r.fits:
-        gpu_line = (f"Fits on {where}: {format_size(r.per_gpu_peak_bytes)} per GPU at the {r.peak_phase.value} "
-                    f"peak, headroom {format_size(r.headroom_bytes)}.")
+        gpu_line = (f"Fits on {where}: {format_size(r.per_gpu_peak_bytes)} per GPU {r.peak_where}, "
+                    f"headroom {format_size(r.headroom_bytes)}.")
     else:
         breaking = r.breaking_component
-        gpu_line = (f"Does not fit on {where}: needs {format_size(r.per_gpu_peak_bytes)} per GPU at the "
-                    f"{r.peak_phase.value} peak, short by {format_size(-r.headroom_bytes)}; the largest component "
+        gpu_line = (f"Does not fit on {where}: needs {format_size(r.per_gpu_peak_bytes)} per GPU "
+                    f"{r.peak_where}, short by {format_size(-r.headroom_bytes)}; the largest component "
                     f"is {breaking.value} ({format_size(r.components[breaking])}).")
     host_ok = exploration.host_ram_fits
     host_line = (f"Host RAM: needs {format_size(r.host_ram_bytes)} of {format_size(c.host_ram_bytes)} per node"
@@ -182,7 +190,12 @@ def render_verdict(exploration: Exploration) -> list[str]:
         batch_line = f"Largest micro-batch that fits: {MAX_BATCH_SEARCH} or more at sequence length {s.seq}."
     else:
         batch_line = f"Largest micro-batch that fits: {exploration.largest_batch} at sequence length {s.seq}."
-    return [gpu_line, host_line, batch_line, *decision_lines(exploration.decision)]
+    stack = []  # the user's releases where given, and loading's own peak where it has one (torchtune 0.1 QLoRA)
+    if s.versions.given:
+        stack.append(f"Versions: {s.versions.describe()}.")
+    if r.load is not None:
+        stack.append(r.load.what[0].upper() + r.load.what[1:] + ".")
+    return [gpu_line, host_line, batch_line, *stack, *decision_lines(exploration.decision)]
 
 
 def decision_lines(decision: Decision | None) -> list[str]:
@@ -206,8 +219,8 @@ def render_verdict_html(exploration: Exploration) -> str:
     """:func:`render_verdict` as escaped HTML: the GPU and host-RAM lines green when they fit, else red."""
     lines = [html.escape(line) for line in render_verdict(exploration)]
     r = exploration.result
-    colours = [RED] if r is None else [exploration.colour, GREEN if exploration.host_ram_fits else RED, "",
-                                        *[""] * len(decision_lines(exploration.decision))]
+    colours = [RED] if r is None else [exploration.colour, GREEN if exploration.host_ram_fits else RED,
+                                        *[""] * (len(lines) - 2)]
     spans = [f'<span style="color:{colour}">{line}</span>' if colour else line
              for line, colour in zip(lines, colours, strict=True)]
     spans[0] = f"<b>{spans[0]}</b>"
@@ -353,5 +366,20 @@ def explorer_intro(choices: Choices) -> str:
             f"{choices.precision}, {choices.optimizer}, micro-batch {choices.batch} x {choices.seq} tokens"
             f"{', activation checkpointing' if choices.checkpointing else ''}, on {choices.gpus} x "
             f"{gpu.display_name}{nodes}, host RAM {format_size(choices.host_ram_bytes)} per node (an assumption "
-            f"unless given), memory outside PyTorch: {outside}. Run the cell below, then change any control: the "
+            f"unless given), memory outside PyTorch: {outside}"
+            + (f", trainer {choices.trainer}" if choices.trainer != DEFAULTS.trainer.value else "")
+            + (f", loss {choices.loss}" if choices.loss != DEFAULTS.loss.value else "")
+            + (", activations offloaded" if choices.offload_activations else "")
+            + (f", LoRA base in {choices.base_dtype}" if choices.base_dtype != DEFAULTS.base_dtype.value else "")
+            + (f", versions {_pins(choices.versions)}" if choices.versions else ", the installed library versions")
+            + ". Run the cell below, then change any control: the "
             "bar, the verdict and the largest micro-batch update at once.")
+
+
+def _pins(text: str) -> str:
+    """The pins as parsed (known package names and release numbers only: nothing the user typed is echoed)."""
+    try:
+        given = versions_from(text).given
+    except OomlabError:
+        return "(not valid: see the verdict)"
+    return ", ".join(f"{name}=={'.'.join(map(str, release))}" for name, release in given)

@@ -13,13 +13,14 @@ from dataclasses import fields
 from typing import Any
 
 from oomlab.budget.result import MemCategory
-from oomlab.core.choices import Attention, Method, Optimizer, Precision, Strategy
+from oomlab.core.choices import Attention, BaseDtype, Loss, Method, Optimizer, Precision, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError, OomlabError, UnknownNameError
 from oomlab.core.gpus import known_gpus, load_gpu
 from oomlab.core.models import known_models, load_model
 from oomlab.core.prices import resolve_host_ram
 from oomlab.core.setup import MAX_GPUS_PER_NODE, MAX_NODES, lora_targets_for
 from oomlab.core.units import GiB, format_size
+from oomlab.core.versions import parse_versions
 from oomlab.exploration import (
     AMBER,
     GREEN,
@@ -94,6 +95,15 @@ def _control_widgets(choices: Choices) -> dict[str, Any]:
         "outside_mib": w.FloatText(description="outside PyTorch (MiB)",
                                    value=-1.0 if choices.outside_mib is None else choices.outside_mib,
                                    style=style, layout=layout),
+        "trainer": dropdown("trainer", [t.value for t in Trainer], Trainer(choices.trainer).value),
+        "loss": dropdown("loss", [x.value for x in Loss], Loss(choices.loss).value),
+        "offload_activations": w.Checkbox(description="activations offloaded to the host",
+                                          value=choices.offload_activations, style=style, layout=layout),
+        "base_dtype": dropdown("LoRA base dtype", [b.value for b in BaseDtype], BaseDtype(choices.base_dtype).value),
+        # name==release pins, as --versions takes them; empty: the installed releases (the verdict says which)
+        "versions": w.Text(description="versions", value=choices.versions or "",
+                           placeholder="e.g. transformers==4.40.0", style=style, layout=layout,
+                           continuous_update=False),
     }
 
 
@@ -153,6 +163,7 @@ class Explorer:
         values["host_ram_bytes"] = round(values["host_ram_bytes"] * GiB)
         values["outside_mib"] = None if values["outside_mib"] < 0 else values["outside_mib"]
         values["lora_targets"] = tuple(values["lora_targets"])
+        values["versions"] = values["versions"].strip() or None  # an empty field: the installed releases
         return Choices(**values)
 
     def set_choices(self, choices: Choices) -> None:
@@ -163,6 +174,8 @@ class Explorer:
                 value = value / GiB
             elif name == "outside_mib":
                 value = -1.0 if value is None else value
+            elif name == "versions":
+                value = value or ""
             elif name == "lora_targets":
                 if self._follow_model(tuple(value)):
                     self.update()
@@ -258,17 +271,23 @@ def build_explorer(
     attention: str = Choices.attention,
     lora_targets: str | tuple[str, ...] = Choices.lora_targets,
     outside_mib: float | None = Choices.outside_mib,
+    trainer: str = Choices.trainer,
+    loss: str = Choices.loss,
+    offload_activations: bool = Choices.offload_activations,
+    base_dtype: str = Choices.base_dtype,
+    versions: str | None = None,
 ) -> Explorer:
     """The explorer's widgets, starting from these choices (the notebook's parameters).
 
     Unknown names raise :class:`~oomlab.core.errors.UnknownNameError` listing the known ones; a valid name in an
     invalid combination (bf16 on a T4, say) is shown as the verdict.  ``host_ram``: ``"192GiB"`` (a unit is
     required) or an integer number of bytes; ``lora_targets``: a tuple or ``"q_proj,v_proj"``; ``outside_mib``:
-    None for the shipped figure of the GPU.
+    None for the shipped figure of the GPU; ``versions``: ``name==release`` pins (None: the installed releases).
     """
     for kind, enum_type, value in (("strategy", Strategy, strategy), ("method", Method, method),
                                    ("precision", Precision, precision), ("optimizer", Optimizer, optimizer),
-                                   ("attention", Attention, attention)):
+                                   ("attention", Attention, attention), ("trainer", Trainer, trainer),
+                                   ("loss", Loss, loss), ("base dtype", BaseDtype, base_dtype)):
         if value not in {m.value for m in enum_type}:
             raise UnknownNameError(kind, value, [m.value for m in enum_type])
     for name, number in (("gpus", gpus), ("nodes", nodes), ("batch", batch), ("seq", seq),
@@ -287,7 +306,21 @@ def build_explorer(
     choices = Choices(model=model, gpu=gpu, gpus=gpus, nodes=nodes, strategy=strategy, method=method,
                       precision=precision, optimizer=optimizer, batch=batch, seq=seq, checkpointing=checkpointing,
                       attention=attention, lora_rank=lora_rank, lora_targets=targets, host_ram_bytes=host,
-                      outside_mib=outside_mib)
+                      outside_mib=outside_mib, trainer=trainer, loss=loss,
+                      offload_activations=bool(offload_activations), base_dtype=base_dtype,
+                      versions=_pins_text(versions))
     return Explorer(choices)
+
+
+def _pins_text(versions: str | None) -> str | None:
+    """The versions control's text: the pins as given (checked now, so a bad pin is refused before any widget is
+    built), or None for the installed releases.  A pip freeze file is for the CLI and the pipeline (a path)."""
+    if versions is None or not str(versions).strip():
+        return None
+    if not isinstance(versions, str) or "==" not in versions:
+        raise InvalidValueError(f"invalid versions {versions!r} for the explorer; expected name==release pins such "
+                                "as 'transformers==4.40.0,peft==0.10.0' (or None: the installed releases)")
+    parse_versions(versions)
+    return versions.strip()
 
 

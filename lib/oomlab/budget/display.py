@@ -204,8 +204,8 @@ def summarize(results: list[tuple[str, BudgetResult]], gpus: int) -> str:
         f"{format_size(configured.capacity_bytes)}: "
         + (f"it {Fit.FITS.value}." if configured.fits else
            f"it {Fit.NO.value}, short by {format_size(-configured.headroom_bytes)}; the largest component is "
-           f"{breaking.value} ({format_size(configured.components[breaking])}) and the peak falls in the "
-           f"{configured.peak_phase.value} phase."),
+           f"{breaking.value} ({format_size(configured.components[breaking])}) and the peak falls "
+           f"{configured.peak_where}."),
         (f"The {gpus} GPUs do not pool their memory: each process holds what the strategy puts on it, so the "
          "question is always per GPU." if gpus > 1 else "One GPU: the question is whether one GPU holds the step."),
     ]

@@ -135,6 +135,11 @@ class BudgetResult:
         return self.load is not None and self.load.need_bytes > sum(self.components.values())
 
     @property
+    def peak_where(self) -> str:
+        """Where the run peaks, in words: ``in the backward phase``, or ``while loading the model``."""
+        return "while loading the model" if self.loading_peaks else f"in the {self.peak_phase.value} phase"
+
+    @property
     def per_gpu_peak_bytes(self) -> int:
         """What nvidia-smi would show at the peak: allocated + allocator overhead + outside PyTorch -- the step's, or
         loading's where it needs more (:attr:`load`)."""

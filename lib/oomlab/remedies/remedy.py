@@ -257,7 +257,9 @@ def reason(ev: Evaluation, setup: TrainingSetup, host_ram_bytes: int) -> str:
         largest = max(comp, key=lambda k: comp[k])
         parts.append(f"GPU: needs {format_size(ev.per_gpu_peak_bytes)} of {format_size(cap)} "
                      f"(short by {format_size(-ev.headroom_bytes)}); largest: {largest.value} "
-                     f"{format_size(comp[largest])} in the {ev.result.peak_phase.value} phase")
+                     f"{format_size(comp[largest])} in the {ev.result.peak_phase.value} phase"
+                     + (f"; loading peaks above the step ({format_size(ev.result.load.need_bytes)})"
+                        if ev.result.loading_peaks else ""))
     if not ev.host_fits:
         parts.append(f"host RAM: needs {format_size(ev.host_ram_bytes)} of {format_size(host_ram_bytes)}")
     return "; ".join(parts)
