@@ -253,8 +253,11 @@ def configured_setup(model: str | ModelSpec, gpu: str | GPUSpec, gpus: int, node
 
 def _configured_row(remedy: Remedy, setup: TrainingSetup) -> Remedy:
     """The configured row: its reason says the replica alone, as notebook 01 reproduced (for launches that move one to
-    each GPU), then the step; ``fails_at_load`` when that move already fails."""
-    if setup.strategy not in (Strategy.SINGLE, Strategy.DDP):
+    each GPU), then the step; ``fails_at_load`` when that move already fails.  Not for QLoRA (bitsandbytes quantizes
+    each weight as it moves: no half replica is ever on the GPU) nor under torchtune or litgpt (their own loading;
+    torchtune 0.1's QLoRA init is the budget's :attr:`~oomlab.budget.result.BudgetResult.load`)."""
+    if setup.strategy not in (Strategy.SINGLE, Strategy.DDP) or setup.method is Method.QLORA \
+            or setup.versions.framework != "transformers":
         return remedy
     dtype = "float32" if setup.base_dtype is BaseDtype.FP32 and setup.method is not Method.FULL else "float16"
     try:
