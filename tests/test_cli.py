@@ -236,6 +236,8 @@ def test_plan_any_gpu_json(capsys) -> None:
     (["plan", "--any-gpu", "--prices", "/nonexistent.json"], "price table '/nonexistent.json': file not found"),
     (["plan", "--prices", "p.json"], "--prices applies to plan --any-gpu only (got --prices p.json)"),
     (["plan", "--method", "lora", "--method", "qlora"], "--method names the user's one method without --any-gpu"),
+    (["plan", "--any-gpu", "--base-dtype", "float32"], "--base-dtype applies to plan without --any-gpu"),
+    (["plan", "--any-gpu", "--lora-targets", "q_proj"], "--lora-targets applies to plan without --any-gpu"),
 ])
 def test_plan_any_gpu_bad_input(argv: list[str], message: str, capsys) -> None:
     """Bad --any-gpu input exits 2 naming the value, before any search."""
@@ -405,3 +407,19 @@ def test_plan_takes_the_users_run(capsys) -> None:
     assert (configured["strategy"], configured["checkpointing"]) == ("zero2", True)
     assert main(["plan", "--method", "lora", "--method", "full"]) == 2
     assert "full, lora, qlora" in capsys.readouterr().err
+
+
+def test_plan_takes_the_run_flags_budget_takes(capsys) -> None:
+    """plan describes the run with budget's flags (attention, LoRA targets and alpha, loss, offloading, base dtype,
+    optimizer in backward): its configured row is budget's setup; with --launch-dir the launch says them instead."""
+    argv = ["--model", "llama-2-7b", "--gpu", "a10g", "--gpus", "1", "--method", "lora", "--precision", "bf16-mixed",
+            "--seq", "1024", "--checkpointing", "--lora-targets", "q_proj,v_proj", "--lora-alpha", "32",
+            "--loss", "liger-flce", "--base-dtype", "float32", "--attention", "eager"]
+    assert main(["plan", *argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert main(["budget", *argv, "--json"]) == 0
+    budget = json.loads(capsys.readouterr().out)
+    assert plan["configured"]["per_gpu_peak_bytes"] == budget["per_gpu_peak_bytes"]
+    code, err = run_refused(["plan", "--launch-dir", "/nonexistent", "--loss", "cce"], capsys,
+                            "oomlab.remedies.plan.make_plan")
+    assert code == 2 and "--loss with --launch-dir" in err

@@ -192,3 +192,11 @@ def test_a_freeze_file_does_not_name_the_framework(tmp_path) -> None:
     assert versions.framework == "transformers" and versions.release("litgpt") is None
     assert applies(Fact.PEFT_KBIT_UPCAST, versions)
     assert versions_from("litgpt==0.4.0").framework == "litgpt"
+
+
+def test_with_given_changes_and_drops_pins() -> None:
+    """An upgrade as the ladder writes it: a package given at a new release, another no longer given."""
+    v = versions_from({"torchtune": "0.1.0", "torchao": "0.1"})
+    up = v.with_given(torchtune=(0, 2, 0), torchao=None)
+    assert up.given == (("torchtune", (0, 2, 0)),) and up.installed == v.installed
+    assert up.release("torchao") == (0, 3, 1) and up.origin("torchao") is Origin.PINNED

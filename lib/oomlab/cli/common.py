@@ -152,18 +152,31 @@ def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=batch_argument, default=DEFAULTS.batch, help="micro-batch per GPU")
     parser.add_argument("--seq", type=positive_int, default=DEFAULTS.seq, help="sequence length in tokens")
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each layer")
-    parser.add_argument("--attention", choices=[a.value for a in Attention], default=DEFAULTS.attention.value,
-                        help="transformers' attention implementation")
-    parser.add_argument("--lora-rank", type=positive_int, default=DEFAULTS.lora_rank, help="LoRA rank")
-    parser.add_argument("--lora-alpha", type=positive_int, default=DEFAULTS.lora_alpha, help="LoRA alpha")
-    parser.add_argument("--lora-targets", default=",".join(DEFAULTS.lora_targets),
-                        help=f"comma-separated names of the model's nn.Linear modules (LLaMA's: "
-                        f"{','.join(PROJECTIONS)}; other families their own), or {ALL_LINEAR}")
+    add_attention_and_lora_arguments(parser)
     parser.add_argument("--versions", type=versions_argument, default=None,
                         help="the releases the run uses, as name==release pins (torch==2.0.1,transformers==4.31.0) "
                         f"or a pip freeze file; packages read: {', '.join(KNOWN_PACKAGES)}; default: the installed "
                         "releases (the budget's notes say which)")
     add_trainer_arguments(parser)
+    add_step_arguments(parser)
+
+
+def add_attention_and_lora_arguments(parser: argparse.ArgumentParser, lora_rank: bool = True) -> None:
+    """``--attention``, ``--lora-rank`` (unless the command has its own), ``--lora-alpha``, ``--lora-targets``:
+    ``budget``'s and ``plan``'s."""
+    parser.add_argument("--attention", choices=[a.value for a in Attention], default=DEFAULTS.attention.value,
+                        help="transformers' attention implementation")
+    if lora_rank:
+        parser.add_argument("--lora-rank", type=positive_int, default=DEFAULTS.lora_rank, help="LoRA rank")
+    parser.add_argument("--lora-alpha", type=positive_int, default=DEFAULTS.lora_alpha, help="LoRA alpha")
+    parser.add_argument("--lora-targets", default=",".join(DEFAULTS.lora_targets),
+                        help=f"comma-separated names of the model's nn.Linear modules (LLaMA's: "
+                        f"{','.join(PROJECTIONS)}; other families their own), or {ALL_LINEAR}")
+
+
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the step runs beside the setup -- ``--loss``, ``--offload-activations``, ``--optimizer-in-backward``,
+    ``--base-dtype``: ``budget``'s and ``plan``'s."""
     add_loss_argument(parser, DEFAULTS.loss.value)
     parser.add_argument("--offload-activations", action="store_true",
                         help="TRL's activation_offloading: saved activations in pinned host memory, the top layer's "

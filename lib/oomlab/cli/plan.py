@@ -9,6 +9,8 @@ from oomlab.cli.common import (
     PARAMS,
     Formatter,
     StoreGiven,
+    add_attention_and_lora_arguments,
+    add_step_arguments,
     add_trainer_arguments,
     batch_argument,
     gpu_help,
@@ -62,7 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pln.add_argument("--checkpointing", action="store_true", help="the user's run used activation checkpointing")
     pln.add_argument("--lora-rank", type=positive_int, default=DEFAULTS.lora_rank,
                      help="LoRA rank of the LoRA/QLoRA remedies")
+    add_attention_and_lora_arguments(pln, lora_rank=False)
     add_trainer_arguments(pln)
+    add_step_arguments(pln)
     pln.add_argument("--versions", type=versions_argument, default=None,
                      help="the releases the run uses (name==release pins or a pip freeze file; default: installed)")
     pln.add_argument("--top", type=positive_int, default=15, help="remedies shown (--json has all)")
@@ -71,14 +75,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pln.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
+# The flags that describe the user's run beyond the hardware, with their defaults (one set for every entry point:
+# DEFAULTS): the hardware search refuses them changed, and a --launch-dir says them itself.
+RUN_FLAG_DEFAULTS = {"trainer": DEFAULTS.trainer.value, "reference": DEFAULTS.reference.value, "versions": None,
+                     "attention": DEFAULTS.attention.value, "lora_alpha": DEFAULTS.lora_alpha,
+                     "lora_targets": ",".join(DEFAULTS.lora_targets), "loss": DEFAULTS.loss.value,
+                     "offload_activations": DEFAULTS.offload_activations, "base_dtype": DEFAULTS.base_dtype.value,
+                     "optimizer_in_backward": DEFAULTS.optimizer_in_backward}
+
+
 def _cmd_plan_any_gpu(args: argparse.Namespace) -> int:
     """``plan --any-gpu``: every GPU type and count, refused flags named before any work."""
-    kept = (("--trainer", "trainer", DEFAULTS.trainer.value), ("--reference", "reference", DEFAULTS.reference.value),
-            ("--versions", "versions", None))
+    kept = ((f"--{dest.replace('_', '-')}", dest, default) for dest, default in RUN_FLAG_DEFAULTS.items())
     for flag, dest, default in kept:
         if getattr(args, dest) != default:
             raise InvalidValueError(f"{flag} applies to plan without --any-gpu (got {flag} {getattr(args, dest)}): "
-                                    "the hardware search budgets supervised fine-tuning at the installed releases")
+                                    "the hardware search budgets supervised fine-tuning at the installed releases, "
+                                    "with the default step")
     for flag, dest in (("--gpu", "gpu"), ("--gpus", "gpus"), ("--write-configs", "write_configs")):
         if getattr(args, f"{dest}_given", False) or (dest == "write_configs" and args.write_configs is not None):
             raise InvalidValueError(f"--any-gpu searches every GPU type and count; drop {flag} (got {flag} "
@@ -113,6 +126,11 @@ def command(args: argparse.Namespace) -> int:
         check_destination(args.write_configs, {})
 
     if args.launch_dir is not None:  # the user's run as check reads it: the plan's configured row
+        given = [f"--{dest.replace('_', '-')}" for dest, default in RUN_FLAG_DEFAULTS.items()
+                 if dest not in ("trainer", "reference", "versions") and getattr(args, dest) != default]
+        if given:
+            raise InvalidValueError(f"{', '.join(given)} with --launch-dir: the launch files say the run's setup "
+                                    "(drop the flags, or drop --launch-dir and describe the run with flags)")
         from oomlab.launch.inputs import check_inputs
         from oomlab.launch.resolve import read_launch
         from oomlab.remedies.plan import plan_for
@@ -126,7 +144,10 @@ def command(args: argparse.Namespace) -> int:
                          seq=args.seq, batch=args.batch, precision=args.precision, optimizer=args.optimizer,
                          checkpointing=args.checkpointing, lora_rank=args.lora_rank, strategy=args.strategy,
                          method=args.method[0] if args.method else DEFAULTS.method, trainer=args.trainer,
-                         reference=args.reference, versions=args.versions)
+                         reference=args.reference, versions=args.versions, attention=args.attention,
+                         lora_alpha=args.lora_alpha, lora_targets=args.lora_targets, loss=args.loss,
+                         offload_activations=args.offload_activations, base_dtype=args.base_dtype,
+                         optimizer_in_backward=args.optimizer_in_backward)
     written = None
     if args.write_configs is not None:
         from oomlab.remedies.launch_writer import write_configs

@@ -113,6 +113,16 @@ class Versions:
         """Every fact answered once for these releases (:func:`applies` reads it: the budget asks per estimate)."""
         return {fact: _applies(fact, self) for fact in Fact}
 
+    def with_given(self, **releases: Release | None) -> Versions:
+        """A copy with these packages given at these releases (None: no longer given), the installed ones kept."""
+        given = dict(self.given)
+        for package, release in releases.items():
+            if release is None:
+                given.pop(package, None)
+            else:
+                given[package] = release
+        return Versions(tuple(sorted(given.items())), self.installed)
+
     def describe(self) -> str:
         """``transformers 4.31.0 (given), peft 0.21.2 (installed), ...`` for the budget's notes."""
         parts = []

@@ -209,6 +209,8 @@ def _change(step: Step) -> tuple[str, str]:
     s = step.setup
     if step.rung is Rung.MICRO_BATCH:
         return "batch", f"{s.batch} (gradient accumulation x{step.accumulation}: the same global batch)"
+    if step.rung is Rung.CHUNKED_NF4:
+        return "versions", ", ".join(f"{name}=={'.'.join(map(str, release))}" for name, release in s.versions.given)
     knob = {Rung.HALF_BASE: "base_dtype",
             Rung.FUSED_OPTIMIZER: "optimizer", Rung.OPTIMIZER_8BIT: "optimizer", Rung.CHECKPOINTING: "checkpointing",
             Rung.SHARDING: "strategy", Rung.OFFLOAD: "strategy", Rung.LORA: "method", Rung.QLORA: "method",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlab.budget.loss_kernels import LIGER_FAMILIES
+from oomlab.budget.nf4_init import runs_torchao_unchunked
 from oomlab.budget.trainers import PRECOMPUTABLE, resident_reference
 from oomlab.core.choices import BaseDtype, Loss, Method, Optimizer, Reference, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError
@@ -49,6 +50,8 @@ class Rung(enum.Enum):
     """The ladder, least disruptive first (the order is the enum's)."""
 
     HALF_BASE = "the frozen base loaded in half"  # LoRA over a base from_pretrained loaded in fp32
+    # torchtune 0.1 QLoRA: its pinned torchao 0.1 quantizes unchunked at init (oomlab.budget.nf4_init)
+    CHUNKED_NF4 = "the torchtune release (0.2.0: chunked NF4)"
     FUSED_OPTIMIZER = "fused AdamW"
     PRECOMPUTE_REFERENCE = "precompute_ref_log_probs"  # DPO / KTO: no reference model during training
     FUSED_LOSS = "Liger's fused linear cross-entropy"  # SFT: the loss without the (tokens x vocab) logits
@@ -63,8 +66,8 @@ class Rung(enum.Enum):
     SHORTER_SEQ = "shorter sequences"
 
 
-KIND = {Rung.HALF_BASE: Kind.FREE, Rung.FUSED_OPTIMIZER: Kind.FREE, Rung.PRECOMPUTE_REFERENCE: Kind.SPEED,
-        Rung.FUSED_LOSS: Kind.FREE,
+KIND = {Rung.HALF_BASE: Kind.FREE, Rung.CHUNKED_NF4: Kind.FREE, Rung.FUSED_OPTIMIZER: Kind.FREE,
+        Rung.PRECOMPUTE_REFERENCE: Kind.SPEED, Rung.FUSED_LOSS: Kind.FREE,
         Rung.CHECKPOINTING: Kind.SPEED, Rung.MICRO_BATCH: Kind.SPEED,
         Rung.OPTIMIZER_8BIT: Kind.FREE, Rung.SHARDING: Kind.SPEED, Rung.OFFLOAD: Kind.SPEED,
         Rung.MORE_GPUS: Kind.HARDWARE,
@@ -73,6 +76,9 @@ COST = {
     Rung.HALF_BASE: "none: the same adapters, trained as fast or faster (autocast already computed every projection in "
                     "half); from_pretrained's torch_dtype in half makes the embedding, norms and residual stream half "
                     "too, as in any half-loaded LoRA run",
+    Rung.CHUNKED_NF4: "an upgrade: torchtune 0.2.0 pins torchao 0.3.1, whose to_nf4 quantizes in chunks of "
+                      "1024**2 elements, so the init no longer holds 64 bytes per element of a whole weight; the same "
+                      "model, adapters and training (torchtune's other changes from 0.1 to 0.2 come with it)",
     Rung.FUSED_OPTIMIZER: "none: the same update in one kernel (the HF Trainer's default optim=adamw_torch_fused)",
     Rung.PRECOMPUTE_REFERENCE: "one extra pass over the data before training (the reference's log-probabilities "
                                "computed once and stored with the dataset); the same training after it",
@@ -89,6 +95,7 @@ COST = {
     Rung.QLORA: "trains adapters over a 4-bit base: dequantization slows each step, the base loses precision",
     Rung.SHORTER_SEQ: "the data changes: sequences truncated, or split into shorter ones",
 }
+CHUNKED_TORCHTUNE = (0, 2, 0)  # the first torchtune release pinning a chunking torchao (0.3.1: FRAMEWORK_PINS)
 MAX_GPUS_PER_NODE_LADDER = 8  # the ladder doubles the GPUs of a node up to a common 8-GPU machine
 # more sharding on the launcher the user already runs: DDP is sharded by accelerate's (or the Trainer's) FSDP
 _MORE_SHARDING = {Strategy.DDP: Strategy.FSDP, Strategy.ZERO1: Strategy.ZERO2, Strategy.ZERO2: Strategy.ZERO3}
@@ -215,6 +222,9 @@ def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Ste
         if rung is Rung.HALF_BASE:
             return Step(rung, s.with_(base_dtype=BaseDtype.HALF), step.accumulation) \
                 if s.base_dtype is BaseDtype.FP32 and s.method is not Method.FULL else None
+        if rung is Rung.CHUNKED_NF4:  # the first torchtune release whose pinned torchao chunks (its own pin dropped)
+            return Step(rung, s.with_(versions=s.versions.with_given(torchtune=CHUNKED_TORCHTUNE, torchao=None)),
+                        step.accumulation) if runs_torchao_unchunked(s) else None
         if rung is Rung.FUSED_OPTIMIZER:
             return Step(rung, s.with_(optimizer=Optimizer.ADAMW_FUSED), step.accumulation) \
                 if s.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_HF) and not s.strategy.deepspeed else None

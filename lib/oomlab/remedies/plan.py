@@ -418,7 +418,7 @@ def make_plan(
         batch = decision.setup.batch  # launched as the ladder chose it: the margin holds at this micro-batch
         fix = replace(fix, name=fix.name + _ladder_suffix(base, decision),
                       config_files=files_for(Route.PROCESS_PER_GPU, decision.setup, batch, decision.accumulation)
-                      if fix.fits else ())
+                      if fix.fits and decision.setup.versions.framework == "transformers" else ())  # HF files only
     knobs = knob_table(base, host_ram_bytes, evaluator=evaluator)
     dm = next((r for r in remedies if r.route is Route.DEVICE_MAP and r.recommendable), None)
     dm = dm or next((r for r in remedies if r.route is Route.DEVICE_MAP), None)
@@ -444,6 +444,8 @@ def _ladder_suffix(base: TrainingSetup, decision: Decision) -> str:
         parts.append(f"{fix.gpus} GPUs per node")
     if fix.loss is not base.loss:
         parts.append(f"loss {fix.loss.value}")
+    parts += [f"{name}=={'.'.join(map(str, release))}" for name, release in fix.versions.given
+              if (name, release) not in base.versions.given]  # an upgrade the fix needs (torchtune 0.2.0)
     return "".join(f" · {p}" for p in parts)
 
 

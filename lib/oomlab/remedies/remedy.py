@@ -129,8 +129,30 @@ _LAUNCHERS = {
 }
 
 
-def launcher(route: Route, strategy: Strategy) -> str:
-    """The launch a remedy stands for: the command and the distributed configuration that run it."""
+# torchtune's and litgpt's own launchers (where the versions name the framework): their recipes and scripts take the
+# setup as config overrides; what they cannot launch (DeepSpeed, a DDP replica, accelerate's device_map) says so
+_FRAMEWORK_LAUNCHERS = {
+    ("torchtune", Strategy.SINGLE): "tune run with a *_single_device recipe (the setup as key=value config overrides)",
+    ("torchtune", Strategy.FSDP): "tune run --nproc_per_node N with a *_distributed recipe (torchtune shards with "
+                                  "FSDP)",
+    ("torchtune", Strategy.FSDP2): "tune run --nproc_per_node N with a *_distributed recipe (torchtune shards with "
+                                   "FSDP2)",
+    ("torchtune", Strategy.FSDP2_OFFLOAD): "tune run --nproc_per_node N with a *_distributed recipe and "
+                                           "fsdp_cpu_offload=True",
+    ("litgpt", Strategy.SINGLE): "litgpt finetune / finetune_lora with --devices 1 (Lightning Fabric)",
+    ("litgpt", Strategy.FSDP): "litgpt finetune / finetune_lora with --devices N (Fabric's FSDP strategy)",
+}
+
+
+def launcher(route: Route, strategy: Strategy, setup: TrainingSetup | None = None) -> str:
+    """The launch a remedy stands for: the command and the distributed configuration that run it -- torchtune's or
+    litgpt's own where ``setup``'s versions name that framework (a launch it has not: the HF one, said so)."""
+    framework = "transformers" if setup is None else setup.versions.framework
+    if framework != "transformers":
+        own = _FRAMEWORK_LAUNCHERS.get((framework, strategy)) if route is not Route.DEVICE_MAP else None
+        if own is not None:
+            return own
+        return f"{launcher(route, strategy)} -- not a {framework} launch: {framework} has no such one"
     if route is Route.DEVICE_MAP:
         return "python, from_pretrained(device_map='auto'): one process over every GPU"
     return _LAUNCHERS[strategy]
