@@ -169,7 +169,7 @@ class BudgetResult:
             "attention": s.attention.value, "lora_rank": s.lora_rank, "lora_targets": list(s.lora_targets),
             "trainer": s.trainer.value, "reference": s.reference.value, "loss": s.loss.value,
             "offload_activations": s.offload_activations, "base_dtype": s.base_dtype.value,
-            "optimizer_in_backward": s.optimizer_in_backward,
+            "optimizer_in_backward": s.optimizer_in_backward, "framework": s.versions.framework,
             "parameters": self.parameters, "trainable_parameters": self.trainable_parameters,
             "per_gpu_peak_bytes": self.per_gpu_peak_bytes, "allocated_peak_bytes": self.allocated_peak_bytes,
             "peak_phase": self.peak_phase.value,

@@ -99,13 +99,15 @@ def answer(r: dict[str, Any]) -> str:
     parts = []
     path = ROWS[path_of(Strategy(configured["strategy"]), Method(configured["method"]),
                         hf_trainer=(r["reproduce"].get("launch") or {}).get("hf_trainer", True))]
-    if rep["raised"] and not path.full_replica:
+    framework = configured.get("framework", "transformers")  # torchtune / litgpt: their own loading
+    loading = path.short if framework == "transformers" else f"{framework}'s own model build and load"
+    if rep["raised"] and (not path.full_replica or framework != "transformers"):
         parts.append(
             f"**Loading as configured avoids the failing move:** a full {md_text(rep['dtype'])} replica of "
             f"{md_text(model_name(rep['model']))} would not fit one {gpu} (`model.to('cuda')` raises "
             f"{md_code(rep['exception'])} after {rep['moved_fraction']:.0%} of the parameters: the weights alone need "
             f"{format_size(rep['model_reserved_bytes'])} of {format_size(rep['total_bytes'])}), but the configured "
-            f"launch ({md_text(configured['strategy'])}: {md_text(path.short)}) does not move one."
+            f"launch ({md_text(configured['strategy'])}: {md_text(loading)}) does not move one."
         )
     elif rep["raised"]:
         parts.append(
@@ -125,6 +127,12 @@ def answer(r: dict[str, Any]) -> str:
                               configured["seq"])
     parts.append(configured_sentence(training, configured["per_gpu_peak_bytes"], configured["headroom_bytes"],
                                      configured["fits"], case["gpus"]))
+    load = configured.get("load")
+    if load and load["need_bytes"] >= configured["per_gpu_peak_bytes"]:  # loading sets the peak, not the step
+        parts.append(f"That peak is loading's, not the step's: {md_text(load['what'])}.")
+    verdict = plan.get("verdict") or {}
+    if configured["fits"] and verdict.get("configured_tight"):
+        parts.append(f"That is inside the margin this setup class needs ({md_text(verdict['margin'])}).")
     rec = plan.get("recommended")
     if rec:
         rank = plan.get("recommended_rank", 1)

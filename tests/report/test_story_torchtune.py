@@ -1,0 +1,52 @@
+"""The report's answer for a torchtune 0.1 QLoRA run (issue 24): loading's peak named as such, the margin said, the
+fix the upgrade -- and nothing of the HF load path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from oomlab.budget.display import budget_variants, configured_variants
+from oomlab.core.gpus import load_gpu
+from oomlab.core.setup import make_setup
+from oomlab.evidence import agreement
+from oomlab.remedies.plan import make_plan
+from oomlab.report import story
+from oomlab.report.results import budget_results, plan_results, reproduce_results, write_results
+from oomlab.reproduction.outside import seed_outside_bytes
+from oomlab.reproduction.replay import reproduce
+
+TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+RUN = {"model": "llama-2-13b", "gpu": "t4", "gpus": 1, "strategy": "single", "method": "qlora",
+       "precision": "fp16-mixed", "batch": 2, "seq": 512, "checkpointing": True, "lora_targets": TARGETS,
+       "versions": {"torchtune": "0.1.0"}}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("torchtune")
+    result = reproduce(model="llama-2-13b", gpu="t4", device="simulated")
+    fp32 = reproduce(model="llama-2-13b", gpu="t4", dtype="float32", device="simulated")
+    write_results(root / "results" / "01_reproduce_oom.json", reproduce_results(
+        {"model": "llama-2-13b", "dtype": "float16", "gpu": "t4", "gpus": 1, "device": result.device}, result, fp32,
+        None, None, None, None, 1))
+    variants = budget_variants(configured_variants(make_setup(**RUN)))
+    committed = agreement.load_committed()
+    write_results(root / "results" / "02_memory_budget.json", budget_results(
+        {"model": "llama-2-13b", "gpu": "t4", "gpus": 1}, load_gpu("t4"), 1, seed_outside_bytes(), variants,
+        committed, agreement.worst_row(committed), {}, []))
+    plan = make_plan(**{k: v for k, v in RUN.items()})
+    write_results(root / "results" / "03_remediations.json", plan_results(
+        {"model": "llama-2-13b", "gpu": "t4", "gpus": 1}, plan, None, None, {}, plan.device_map, [], {}))
+    from oomlab.report.results import load_results
+    return load_results(root)
+
+
+def test_the_answer_names_loadings_peak_the_margin_and_the_upgrade(results) -> None:
+    text = story.answer(results)
+    assert "bitsandbytes" not in text  # torchtune's own loading, not the HF 4-bit path
+    assert "torchtune's own model build and load" in text
+    assert "That peak is loading's, not the step's: loading: torchtune's QLoRA init on torchao 0.1" in text
+    assert "inside the margin this setup class needs" in text
+    assert "torchtune==0.2.0" in text
