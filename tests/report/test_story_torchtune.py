@@ -11,6 +11,7 @@ from oomlab.budget.display import budget_variants, configured_variants
 from oomlab.core.gpus import load_gpu
 from oomlab.core.setup import make_setup
 from oomlab.evidence import agreement
+from oomlab.remedies.launch_writer import plan_launch_command
 from oomlab.remedies.plan import make_plan
 from oomlab.report import story
 from oomlab.report.results import budget_results, plan_results, reproduce_results, write_results
@@ -37,8 +38,10 @@ def results(tmp_path_factory) -> dict[str, Any]:
         {"model": "llama-2-13b", "gpu": "t4", "gpus": 1}, load_gpu("t4"), 1, seed_outside_bytes(), variants,
         committed, agreement.worst_row(committed), {}, []))
     plan = make_plan(**{k: v for k, v in RUN.items()})
+    command = plan_launch_command(plan, plan.recommended, "meta-llama/Llama-2-13b-hf")
+    assert command is None  # no HF launch for a torchtune run
     write_results(root / "results" / "03_remediations.json", plan_results(
-        {"model": "llama-2-13b", "gpu": "t4", "gpus": 1}, plan, None, None, {}, plan.device_map, [], {}))
+        {"model": "llama-2-13b", "gpu": "t4", "gpus": 1}, plan, command, None, {}, plan.device_map, [], {}))
     from oomlab.report.results import load_results
     return load_results(root)
 
@@ -47,6 +50,12 @@ def test_the_answer_names_loadings_peak_the_margin_and_the_upgrade(results) -> N
     text = story.answer(results)
     assert "bitsandbytes" not in text  # torchtune's own loading, not the HF 4-bit path
     assert "torchtune's own model build and load" in text
-    assert "That peak is loading's, not the step's: loading: torchtune's QLoRA init on torchao 0.1" in text
+    assert "That peak is loading's, not the step's: torchtune's QLoRA init on torchao 0.1" in text
     assert "inside the margin this setup class needs" in text
     assert "torchtune==0.2.0" in text
+
+
+def test_the_fix_is_launched_in_torchtune_not_by_an_hf_script(results) -> None:
+    text = story.recommended_fix(results)
+    assert "accelerate launch" not in text and "train.py` is a transformers + peft script" in text
+    assert "your own torchtune launch" in text and "pip install" in text

@@ -60,14 +60,15 @@ def launch_command(remedy: Remedy, model_id: str, seq: int, lora_rank: int = 8,
     """The exact command that launches ``remedy`` from inside the configs folder.
 
     None where no launch file runs it: the device-map route, pure fp16/bf16 (``train.py`` trains with fp32
-    trainable weights only) and a framework's chunked loss (torchtune's, litgpt's, axolotl's: ``train.py`` runs
-    transformers' head and loss, Liger's or Cut Cross-Entropy).  A DeepSpeed remedy launches its own accelerate config
+    trainable weights only), a framework's chunked loss (torchtune's, litgpt's, axolotl's: ``train.py`` runs
+    transformers' head and loss, Liger's or Cut Cross-Entropy) and a run whose versions name torchtune or litgpt
+    (their own launchers and model code).  A DeepSpeed remedy launches its own accelerate config
     (:mod:`.deepspeed_configs`).
     """
     if remedy.route is not Route.PROCESS_PER_GPU or remedy.strategy not in LAUNCHABLE:
         return None
-    if remedy.setup is not None and remedy.setup.loss.chunked:
-        return None
+    if remedy.setup is not None and (remedy.setup.loss.chunked or remedy.setup.versions.framework != "transformers"):
+        return None  # a framework's own loss, or its own launcher (torchtune's tune run, litgpt's CLI)
     mixed_precision = ACCELERATE_MIXED_PRECISION.get(remedy.precision)
     if mixed_precision is None:
         return None

@@ -129,7 +129,7 @@ def answer(r: dict[str, Any]) -> str:
                                      configured["fits"], case["gpus"]))
     load = configured.get("load")
     if load and load["need_bytes"] >= configured["per_gpu_peak_bytes"]:  # loading sets the peak, not the step
-        parts.append(f"That peak is loading's, not the step's: {md_text(load['what'])}.")
+        parts.append(f"That peak is loading's, not the step's: {md_text(load['what'].removeprefix('loading: '))}.")
     verdict = plan.get("verdict") or {}
     if configured["fits"] and verdict.get("configured_tight"):
         parts.append(f"That is inside the margin this setup class needs ({md_text(verdict['margin'])}).")
@@ -346,6 +346,12 @@ def recommended_fix(r: dict[str, Any]) -> str:
               f"needs it):\n\n{rungs}\n\n") if steps else " "
     head = (f"**{md_text(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
             f"{format_size(rec['host_ram_bytes'])}.{ladder}")
+    framework = (r.get("budget") or {}).get("configured", {}).get("framework", "transformers")
+    if not plan.get("launch_command") and framework != "transformers":  # torchtune's or litgpt's own launcher
+        return (head + f"oomlab writes no launch file for {md_text(framework)} (its `train.py` is a transformers + "
+                f"peft script): make the changes above in your own {md_text(framework)} launch -- an upgrade as a "
+                "`pip install` of the release named, the rest as that framework's config overrides -- and keep the "
+                "margin.")
     if not plan.get("launch_command"):  # pure half, device_map, a framework's chunked loss: no file of oomlab's runs it
         return (head + "oomlab writes no launch file for this remedy (its `train.py` runs one process per GPU with "
                 "fp32 trained weights and transformers' own head and loss): make the changes above in your own "
