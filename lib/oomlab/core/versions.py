@@ -281,9 +281,10 @@ class Fact(Choice):
         "from_pretrained without a dtype loads dtype='auto': the checkpoint's config.json torch_dtype (else its first "
         "floating weight's dtype); before, the model was built and loaded in torch's default float32",
         "transformers 5.24 modeling_utils.py:4186-4187 ('if dtype is None: dtype = \"auto\"'), _get_dtype:829-833; "
-        "4.x from_pretrained sets the default dtype only under 'if torch_dtype is not None:' and documents 'If not "
-        "specified - the model will get loaded in torch.float (fp32)' (docs v4.40.1 main_classes/model; NB: the 4.x "
-        "line number not found in the stored sources, and 5.0.0 taken as the release that changed it)")
+        "4.40.1 (the PyPI wheel) modeling_utils.py:3490-3513 sets the default dtype only under 'if torch_dtype is not "
+        "None:' ('we also may have config.torch_dtype available, but we won't rely on it till v5', :3487) and its "
+        "from_pretrained docstring :2847-2849 'If not specified - the model will get loaded in torch.float (fp32)' "
+        "(NB: 5.0.0 taken as the release that changed it)")
     LOAD_STREAMS = (
         "load-streams", "transformers", (5, 0, 0),
         "from_pretrained always builds the model on the meta device and streams the checkpoint tensor by tensor; "

@@ -75,8 +75,9 @@ def default_load_dtype(spec: ModelSpec, precision: Precision, versions: Versions
     if quantized:
         return Sourced("float16", default_origin(label, _BNB_FP16))
     ignored = f"; the config's {stated} is not read before transformers 5.0" if stated else ""
-    why = (f"from_pretrained without torch_dtype loads torch.float (fp32): 4.x modeling_utils.py sets a dtype only "
-           f"under 'if torch_dtype is not None:'{ignored} ({Fact.LOAD_DTYPE_AUTO.value}: 5.0.0 changed it)")
+    why = (f"from_pretrained without torch_dtype loads torch.float (fp32): 4.x modeling_utils.py (4.40.1 :3490) "
+           f"sets a dtype only under 'if torch_dtype is not None:'{ignored} ({Fact.LOAD_DTYPE_AUTO.value}: 5.0.0 "
+           "changed it)")
     return Sourced("float32", default_origin(label, why))
 
 
