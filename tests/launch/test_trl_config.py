@@ -164,3 +164,13 @@ def test_grpo_s_sequence_is_prompt_plus_completion(tmp_path: Path) -> None:
     assert alone.origin.kind is OriginKind.ASSUMED
     with pytest.raises(InvalidValueError, match="max_prompt_length"):
         _read("trl grpo --model_name_or_path x --max_prompt_length lots --max_completion_length 1024", gpus=1)
+
+
+def test_modelconfig_loads_float32_from_trl_0_27() -> None:
+    """ModelConfig's dtype default became 'float32' in TRL 0.27.0 (the PyPI wheels: None in 0.26.2): a TRL launch
+    without a dtype loads the base in fp32 from that release on, at the installed default before it."""
+    command = "trl sft --model_name_or_path meta-llama/Llama-2-7b-hf --use_peft --per_device_train_batch_size 1"
+    new = _read(command, gpus=1, versions=versions_from("trl==0.27.0,transformers==4.57.1")).fields
+    old = _read(command, gpus=1, versions=versions_from("trl==0.26.2,transformers==4.57.1")).fields
+    assert new["load_dtype"].value == "float32" and "ModelConfig dtype='float32'" in str(new["load_dtype"].origin)
+    assert "load_dtype" not in old or "ModelConfig" not in str(old["load_dtype"].origin)

@@ -66,10 +66,11 @@ _FACTS = {
 }
 # ModelConfig's load dtype: named torch_dtype before 0.21 (dtype after: huggingface/gpt-oss-recipes PR #29, "use
 # ModelConfig.dtype when available (TRL >= 0.21)"), defaulting to None (from_pretrained's own default) until PR #4778
-# "Set dtype default to float32" (merged 2026-01-06); 1.0.0 (2026-03-31) is the first release known to carry it (NB: the
-# 0.2x releases between are taken as before, unchecked)
+# "Set dtype default to float32" (merged 2026-01-06): the PyPI wheels' trl/trainer/model_config.py read 'dtype ...
+# default=None' in 0.26.2 (:92-93) and 'default="float32"' from 0.27.0 (:91-92; the same in 0.27.2, 0.28.0, 0.29.x,
+# 1.0.0)
 DTYPE_FLAG_SINCE = (0, 21, 0)
-DTYPE_FLOAT32_SINCE = (1, 0, 0)
+DTYPE_FLOAT32_SINCE = (0, 27, 0)
 DPO_MAX_LENGTH_SINCE = (0, 14, 0)  # DPOConfig max_length=1024 from v0.14.0 (None before: no bound oomlab can read)
 # each config's max_length default (None: the length is the prompt's plus the completion's, not bounded as one)
 MAX_LENGTH = {"sft": (1024, "sft_config.py:202-203"), "dpo": (1024, "dpo_config.py:195-196"),
