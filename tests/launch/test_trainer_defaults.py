@@ -52,3 +52,17 @@ def test_adamw_hf_holds_one_tensor_s_moment() -> None:
     from oomlab.budget.deepspeed_config import DeepSpeedSettings, OptimizerSource
     zero = full.with_(gpus=4, strategy="zero2")
     assert foreach_adamw(zero, DeepSpeedSettings(optimizer_source=OptimizerSource.TRAINER))
+
+
+@pytest.mark.parametrize(("model", "before", "since"), [
+    ("mistral-7b", "4.36.2", "4.37.0"),  # no MistralSdpaAttention in 4.36.0
+    ("phi-2", "4.38.2", "4.39.0"),
+    ("pythia-1.4b", "4.41.2", "4.42.0"),
+    ("phi-3-mini-4k", "4.44.2", "4.45.0"),  # _supports_sdpa = False in 4.41-4.44
+])
+def test_each_family_gets_sdpa_at_its_own_release(model: str, before: str, since: str) -> None:
+    """A family's first release with _supports_sdpa = True (the wheels' modeling files), not 4.36 for all."""
+    def attention(release: str) -> Attention:
+        return read_launch(LaunchInputs(command=COMMAND.replace("--bf16 ", ""), model=model, gpu="a100-80gb", gpus=1,
+                                        versions=versions_from(f"transformers=={release}"))).setup.attention
+    assert attention(before) is Attention.EAGER and attention(since) is Attention.SDPA

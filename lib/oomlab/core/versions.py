@@ -26,7 +26,7 @@ from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.user_input import read_user_text, shown
 
 __all__ = ["FACTS", "Fact", "Versions", "applies", "installed_versions", "parse_versions", "read_freeze_file",
-           "trainer_default_optimizer", "versions_from"]
+           "runs_sdpa_by_default", "sdpa_release", "trainer_default_optimizer", "versions_from"]
 
 Release = tuple[int, ...]
 
@@ -326,6 +326,31 @@ FACTS = tuple(Fact)
 FRAMEWORK_BEHAVIOUR = {Fact.PEFT_KBIT_UPCAST: False, Fact.LOSS_UPCASTS_LOGITS: True, Fact.LOSS_SHIFTS_LABELS: True,
                        Fact.MOE_EXPERTS_3D: True, Fact.TRAINER_FUSED_ADAMW: True, Fact.LOAD_DTYPE_AUTO: True,
                        Fact.LOAD_STREAMS: True, Fact.TRAINER_ADAMW_TORCH: True, Fact.SDPA_DEFAULT: True}
+
+
+# The first transformers release whose model class of a family sets ``_supports_sdpa = True`` (the default
+# attn_implementation is SDPA from then on, Fact.SDPA_DEFAULT's machinery permitting), read in the PyPI wheels'
+# models/<family>/modeling_<family>.py: llama 4.36.0 (:845) and falcon 4.36.0 (:938); mistral, mixtral, qwen2 4.37.0
+# (:809, :950, :828; mistral and mixtral had no SDPA class in 4.36.0); phi and stablelm 4.39.0 (:834, :780; none in
+# 4.38.0); gpt_neox 4.42.0 (:83); phi3 4.45.0 (:846; '_supports_sdpa = False' in 4.41.0-4.44.0).  A family not
+# listed was added to transformers with SDPA (gemma 4.38.0, qwen2_moe 4.40.0, gemma2 4.42.0, granitemoe 4.45.0, and
+# the later ones).
+FAMILY_SDPA_SINCE: Mapping[str, Release] = {
+    "llama": (4, 36, 0), "falcon": (4, 36, 0), "mistral": (4, 37, 0), "mixtral": (4, 37, 0), "qwen2": (4, 37, 0),
+    "phi": (4, 39, 0), "stablelm": (4, 39, 0), "gpt_neox": (4, 42, 0), "phi3": (4, 45, 0),
+}
+
+
+def sdpa_release(family: str) -> Release:
+    """The first transformers release that runs ``family`` (a :class:`~oomlab.core.layouts.Family` value) with SDPA
+    by default (:data:`FAMILY_SDPA_SINCE`; else :attr:`Fact.SDPA_DEFAULT`'s)."""
+    return FAMILY_SDPA_SINCE.get(family, Fact.SDPA_DEFAULT.since)
+
+
+def runs_sdpa_by_default(family: str, versions: Versions) -> bool:
+    """Does transformers at ``versions`` pick SDPA for ``family`` when the launch names no attention (torch aside)?"""
+    release = versions.release("transformers")
+    return applies(Fact.SDPA_DEFAULT, versions) and (release is None or release >= sdpa_release(family))
 
 
 def trainer_default_optimizer(versions: Versions) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from oomlab.core.choices import Attention, Loss, Method, Optimizer, Precision
 from oomlab.core.defaults import DEFAULT_LORA_TARGETS
 from oomlab.core.models import ModelSpec
-from oomlab.core.versions import Fact, Versions, applies, trainer_default_optimizer
+from oomlab.core.versions import Fact, Versions, runs_sdpa_by_default, sdpa_release, trainer_default_optimizer
 from oomlab.launch import keys as K
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.load_peak import transformers_label
@@ -48,13 +48,16 @@ def trainer_defaults(claims: Claims, trainer: bool, spec: ModelSpec, versions: V
             ("lora_targets", DEFAULT_LORA_TARGETS, "oomlab's LoRA targets (the attention projections)")):
         claims.say(name, value, assumed(why), Strength.ASSUMED)
     torch = versions.release("torch")  # transformers' is_torch_sdpa_available: torch >= 2.1.1
-    if applies(Fact.SDPA_DEFAULT, versions) and (torch is None or torch >= (2, 1, 1)):
+    family = spec.family.value
+    if runs_sdpa_by_default(family, versions) and (torch is None or torch >= (2, 1, 1)):
         _library_default(claims, "attention", Attention.SDPA, default_origin(t, "attn_implementation='sdpa' where "
                                                                               "torch has it"))
     else:
+        since = ".".join(map(str, sdpa_release(family)))
         _library_default(claims, "attention", Attention.EAGER, default_origin(t, (
-            f"the eager attention: no SDPA before {Fact.SDPA_DEFAULT.release_text} ({Fact.SDPA_DEFAULT.value}) nor "
-            "under torch < 2.1.1 (is_torch_sdpa_available)")))
+            f"the eager attention: no SDPA for {family} models before transformers {since} "
+            f"({Fact.SDPA_DEFAULT.value}: the family's _supports_sdpa) nor under torch < 2.1.1 "
+            "(is_torch_sdpa_available)")))
     _library_default(claims, "method", Method.FULL, default_origin(t, "no adapter: every parameter trains"))
     _library_default(claims, "loss", Loss.STANDARD, default_origin(t, "use_liger_kernel=False: the loss over the "
                                                                       "(tokens x vocab) logits"))
