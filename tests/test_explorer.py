@@ -430,3 +430,11 @@ def test_bad_versions_are_refused_before_any_widget() -> None:
         build_explorer(versions="tensorflow==2.15.0")
     with pytest.raises(InvalidValueError, match="name==release"):
         build_explorer(versions="requirements.txt")
+
+
+def test_the_versions_field_takes_pins_not_a_file(seed, tmp_path) -> None:
+    """A path typed into the versions field is refused in the verdict (no file is read from the explorer)."""
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("transformers==4.40.0\n")
+    seed.controls["versions"].value = str(freeze)
+    assert seed.exploration.result is None and "expected name==release pins" in seed.exploration.error

@@ -20,7 +20,7 @@ from oomlab.budget.result import BudgetResult, Fit, MemCategory
 from oomlab.budget.snapshot import simulate_allocator
 from oomlab.budget.timeline import step_timeline
 from oomlab.core.defaults import DEFAULTS, launch_strategy
-from oomlab.core.errors import OomlabError
+from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import ALL_LINEAR, ModelSpec, load_model
 from oomlab.core.prices import resolve_host_ram
@@ -82,6 +82,9 @@ class Choices:
 
     def setup(self) -> TrainingSetup:
         """The validated training setup (raises :class:`~oomlab.core.errors.OomlabError` with the reason)."""
+        if self.versions is not None and "==" not in self.versions:  # pins only: no file is read from the explorer
+            raise InvalidValueError(f"invalid versions {self.versions[:120]!r}; expected name==release pins such as "
+                                    "'transformers==4.40.0,peft==0.10.0' (empty: the installed releases)")
         return make_setup(model=self.model, gpu=self.gpu, gpus=self.gpus, nodes=self.nodes, strategy=self.strategy,
                           method=self.method, precision=self.precision, optimizer=self.optimizer,
                           batch=self.batch, seq=self.seq, checkpointing=self.checkpointing,
@@ -257,6 +260,10 @@ class BudgetBar:
         self.rects = {c: ax.barh([0], [0], left=[0], height=0.6, color=PALETTE[c])[0] for c in MemCategory}
         for category, rect in self.rects.items():
             rect.set_label(category.value)
+        # loading's own peak where it needs more than the step (torchtune 0.1's QLoRA init): an outline to its figure
+        self.load_rect = ax.barh([0], [0], left=[0], height=0.6, fill=False, hatch="//", edgecolor="#444444",
+                                 linewidth=0.8)[0]
+        self.load_rect.set_label("loading (init), beyond the step")
         self.capacity_line = ax.axvline(0, color="black", linewidth=1.5)
         self.capacity_label = ax.text(0, 0.42, "", ha="right", va="bottom", fontsize=8)
         ax.set_yticks([])
@@ -276,6 +283,10 @@ class BudgetBar:
             left += width
         ax = self.axes
         r = exploration.result
+        loading = r is not None and r.loading_peaks
+        self.load_rect.set_x(left)
+        self.load_rect.set_width((r.per_gpu_peak_bytes / GiB - left) if loading else 0)
+        left = r.per_gpu_peak_bytes / GiB if loading else left
         if r is None:
             self.capacity_line.set_visible(False)
             self.capacity_label.set_text("")
@@ -302,7 +313,7 @@ class BudgetBar:
             self.title.set_text(f"{r.setup.model.name} on {r.setup.gpu.display_name}: "
                                 f"{format_size(r.per_gpu_peak_bytes)} per GPU - {verdict}")
             self.title.set_color(exploration.colour)
-            shown = [self.rects[c] for c in segments]
+            shown = [self.rects[c] for c in segments] + ([self.load_rect] if loading else [])
             ax.legend(handles=shown, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=min(5, len(shown)) or 1,
                       fontsize=7, frameon=False, handlelength=1.2, columnspacing=1.0)
         buffer = io.BytesIO()
@@ -337,7 +348,9 @@ def hardware_key(choices: Choices) -> tuple[Any, ...]:
 
 def search_for(choices: Choices) -> HardwareSearch:
     """Which GPUs would train the chosen model with the chosen method: every GPU type x 1, 2, 4, 8 (each row's
-    host RAM assumed from its listed instance); raises :class:`OomlabError` with the reason for invalid choices."""
+    host RAM assumed from its listed instance); raises :class:`OomlabError` with the reason for invalid choices.
+    NB: the search's own question (:func:`~oomlab.remedies.hardware.search_hardware`: supervised fine-tuning at the
+    installed releases, the default loss and LoRA targets), as ``plan --any-gpu`` asks it; its table says so."""
     return search_hardware(choices.model, (choices.method,), seq=choices.seq, attention=choices.attention,
                            lora_rank=choices.lora_rank)
 
@@ -347,10 +360,14 @@ def render_hardware_html(search: HardwareSearch | OomlabError) -> str:
     run)."""
     if isinstance(search, OomlabError):
         return f'<div style="color:{RED}">cannot search: {html.escape(str(search))}</div>'
+    caveat = ('<div style="font-size:smaller">The search budgets supervised fine-tuning at the installed library '
+              "releases, with the default loss and LoRA targets, for the model, method, sequence length, attention and "
+              "LoRA rank above (as <code>plan --any-gpu</code>); the verdict above is the run the controls "
+              "describe.</div>")
     data = search.to_dict()
     winners = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", report_hardware.winners(data))  # its user text is escaped
     table = html_table(HARDWARE_HEADERS, report_hardware.hardware_rows(data, compact=False))
-    return f'<div class="oomlab-hardware"><p>{winners}</p>{table}</div>'
+    return f'<div class="oomlab-hardware"><p>{winners}</p>{table}{caveat}</div>'
 
 
 

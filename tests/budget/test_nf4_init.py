@@ -9,7 +9,8 @@ import pytest
 from oomlab.budget import estimate
 from oomlab.budget.estimator import estimate_setup
 from oomlab.budget.result import MemCategory
-from oomlab.core.units import GiB
+from oomlab.core.models import load_model
+from oomlab.core.units import GiB, format_size
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -67,3 +68,43 @@ def test_torchtune_before_0_3_keeps_unadapted_projections_in_bf16() -> None:
     assert old - new == pytest.approx(unadapted * (2 - 0.5), rel=0.02)
     every = _qlora({"torchtune": "0.2.1"}).components[MemCategory.WEIGHTS]
     assert every == _qlora({"torchtune": "0.3.0"}).components[MemCategory.WEIGHTS]
+
+
+def test_the_init_figures_do_not_depend_on_the_gpu_and_an_oom_says_its_shortfall() -> None:
+    """The allocated peak is the init's whatever the GPU (not cut at a failure); out of memory while loading, the
+    shortfall said is the need's, as the verdict's."""
+    roomy = _qlora({"torchtune": "0.1.0"})
+    small = estimate_setup(replace(roomy.setup, gpu=replace(roomy.setup.gpu, total_memory_bytes=8 * GiB)))
+    assert small.load.allocated_peak_bytes == roomy.load.allocated_peak_bytes
+    assert small.load.need_bytes == roomy.load.need_bytes > 8 * GiB
+    assert small.allocated_peak_bytes >= small.load.allocated_peak_bytes
+    assert any(format_size(small.load.need_bytes - 8 * GiB) + " short" in note for note in small.notes)
+    assert small.headroom_bytes == 8 * GiB - small.load.need_bytes
+
+
+def test_a_tied_head_is_not_a_second_matrix() -> None:
+    """Llama-3.2-1B ties its head to the embedding: the init holds one (vocab x hidden) matrix; the same model
+    untied holds a second, held from before the layers are built, so its peak is exactly that much higher."""
+    from oomlab.budget import nf4_init
+
+    spec = load_model("llama-3.2-1b")
+    assert spec.tie_word_embeddings and spec.lm_head_params == 0
+    untied = replace(spec, tie_word_embeddings=False)
+    tied_peak = nf4_init._run(spec, ALL, 8, 1 << 50, 0).allocated_peak
+    untied_peak = nf4_init._run(untied, ALL, 8, 1 << 50, 0).allocated_peak
+    assert untied_peak - tied_peak == pytest.approx(2 * spec.embedding_params, abs=2 * 2**20)  # a segment's rounding
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"gpus": 2, "strategy": "fsdp"}, "runs QLoRA on one GPU only"),
+    ({"precision": "fp16-mixed", "gpu": "a10g"}, "its recipe refuses fp16"),
+    ({"model": "mixtral-8x7b"}, "a mixture of experts"),
+])
+def test_what_torchtune_0_1_qlora_cannot_run_is_refused(kwargs, message) -> None:
+    from oomlab.core.errors import InvalidValueError
+
+    args = {"model": "llama-2-7b", "gpu": "a100-80gb", "gpus": 1, "method": "qlora", "precision": "bf16",
+            "versions": {"torchtune": "0.1.0"}, **kwargs}
+    with pytest.raises(InvalidValueError, match=message):
+        estimate(**args)
+    estimate(**{**args, "versions": {"torchtune": "0.2.0"}})  # the release that chunks runs them

@@ -134,23 +134,24 @@ def test_an_approximated_row_calibrates_no_margin() -> None:
 
 
 def test_torchtune_0_1_qlora_is_fixed_by_the_release_that_chunks() -> None:
-    """llama-2-13b QLoRA under torchtune 0.1 on a T4: the step fits, its init (torchao 0.1's unchunked NF4) needs
-    the margin's room; the least disruptive fix is torchtune 0.2.0 (pinning torchao 0.3.1), nothing else changed --
-    and no such rung where the release already chunks."""
+    """llama-2-70b QLoRA under torchtune 0.1 on an RTX A6000: the step fits with the margin, its init (torchao 0.1's
+    unchunked NF4) does not; the least disruptive fix is torchtune 0.2.0 (pinning torchao 0.3.1), nothing else changed
+    -- and no such rung where the release already chunks, nor one that would downgrade a newer torchtune."""
     from oomlab.core.setup import make_setup
     from oomlab.remedies.ladder import Rung, climb
     from oomlab.remedies.remedy import Evaluator, Route, launcher
 
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    setup = make_setup("llama-2-13b", gpu="t4", gpus=1, method="qlora", precision="fp16-mixed", batch=2, seq=512,
+    setup = make_setup("llama-2-70b", gpu="rtx-a6000", gpus=1, method="qlora", precision="bf16", batch=1, seq=512,
                        checkpointing=True, lora_targets=targets, versions={"torchtune": "0.1.0"})
-    decision = climb(setup, Evaluator(64 * 2**30, None))
+    decision = climb(setup, Evaluator(512 * 2**30, None))
     assert not decision.verdict.fits and decision.verdict.evaluation.result.loading_peaks
     assert [s.rung for s in decision.steps] == [Rung.CHUNKED_NF4]
     fix = decision.setup
     assert fix.versions.release("torchtune") == (0, 2, 0) and fix.versions.release("torchao") == (0, 3, 1)
     assert fix.with_(versions=setup.versions) == setup  # nothing else changed
     assert decision.fixed.fits and decision.fixed.evaluation.result.load is None
-    assert launcher(Route.PROCESS_PER_GPU, fix.strategy, fix).startswith("tune run")
-    newer = climb(setup.with_(versions={"torchtune": "0.2.0"}, batch=64), Evaluator(64 * 2**30, None))
-    assert Rung.CHUNKED_NF4 not in [s.rung for s in newer.steps]
+    assert launcher(Route.PROCESS_PER_GPU, fix.strategy, fix.versions.framework).startswith("tune run")
+    for versions in ({"torchtune": "0.2.0"}, {"torchtune": "0.4.0", "torchao": "0.1"}):
+        newer = climb(setup.with_(versions=versions), Evaluator(512 * 2**30, None))
+        assert Rung.CHUNKED_NF4 not in [s.rung for s in newer.steps], versions

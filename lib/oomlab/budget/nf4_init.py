@@ -36,7 +36,7 @@ from oomlab.budget.result import LoadPeak
 from oomlab.core.choices import Method
 from oomlab.core.models import ModelSpec
 from oomlab.core.paths import DATA_DIR
-from oomlab.core.setup import TrainingSetup
+from oomlab.core.setup import TORCHTUNE_CHUNKING, TrainingSetup
 from oomlab.core.units import format_size
 from oomlab.core.versions import Fact, applies
 from oomlab.reproduction.allocator import CachingAllocator, SimulatedOutOfMemory
@@ -67,8 +67,9 @@ def _events() -> _Events:
 
 
 def runs_torchao_unchunked(setup: TrainingSetup) -> bool:
-    """QLoRA under torchtune with torchao before 0.2.0 (torchtune < 0.2.0 pins 0.1)."""
+    """QLoRA under torchtune < 0.2.0 (the init order replayed here) on torchao before 0.2.0 (its pin: 0.1)."""
     return (setup.method is Method.QLORA and setup.versions.framework == "torchtune"
+            and (setup.versions.release("torchtune") or (0,)) < TORCHTUNE_CHUNKING
             and not applies(Fact.TORCHAO_CHUNKED_NF4, setup.versions))
 
 
@@ -139,7 +140,8 @@ def _replay(spec: ModelSpec, shapes: tuple[tuple[int, int, bool], ...], rank: in
 
     prototype = build(None)
     r.malloc(HALF * spec.embedding_params)  # the embedding, then the output projection: never quantized (:233-238)
-    r.malloc(HALF * spec.embedding_params)
+    if spec.lm_head_params:  # none where the head is the embedding's (tied)
+        r.malloc(HALF * spec.lm_head_params)
     layers = [build(prototype) for _ in range(spec.num_hidden_layers)]
     for item in prototype:
         r.free(item[0] + [item[1], item[2]] if isinstance(item, tuple) else item)
@@ -195,20 +197,23 @@ def _least_capacity(spec: ModelSpec, targets: tuple[str, ...], rank: int, outsid
 
 
 def torchao_init(setup: TrainingSetup, outside_bytes: int) -> LoadPeak | None:
-    """The init's :class:`LoadPeak` where the setup runs torchtune < 0.2.0's QLoRA (torchao 0.1), else None."""
+    """The init's :class:`LoadPeak` where the setup runs torchtune < 0.2.0's QLoRA (torchao 0.1), else None: its
+    allocated peak (the GPU's size does not change it), the least GPU it runs on, and what it leaves reserved on
+    this one (where it runs out of memory: what was reserved when it did)."""
     if not runs_torchao_unchunked(setup):
         return None
     spec, targets, rank, capacity = setup.model, tuple(setup.lora_targets), setup.lora_rank, \
         setup.gpu.total_memory_bytes
+    allocated = _run(spec, targets, rank, 1 << 50, 0).allocated_peak
     here = _run(spec, targets, rank, capacity, outside_bytes)
     need = _least_capacity(spec, targets, rank, outside_bytes)
     release = ".".join(map(str, setup.versions.release("torchao") or ()))
     what = (f"loading: torchtune's QLoRA init on torchao {release} quantizes each weight unchunked, three times "
-            f"(built, cloned per layer, loaded): {format_size(here.allocated_peak)} allocated at its peak, so it needs "
+            f"(built, cloned per layer, loaded): {format_size(allocated)} allocated at its peak, so it needs "
             f"a GPU of {format_size(need)} or more (outside PyTorch and the allocator's fragmentation included)"
-            + (f" -- out of memory while loading on this GPU, {format_size(here.short)} short" if here.short else
+            + (f" -- out of memory while loading on this GPU, {format_size(need - capacity)} short"
+               if here.short is not None else
                f"; {format_size(here.reserved_after)} reserved after it on this GPU (cached: the step reuses it)")
             + f" ({Fact.TORCHAO_CHUNKED_NF4.value}: replayed from torchao 0.1's recorded allocations; torchao >= "
             "0.2.0, torchtune >= 0.2.0, quantizes in chunks)")
-    return LoadPeak(allocated_peak_bytes=here.allocated_peak, reserved_bytes=here.reserved_after, need_bytes=need,
-                    what=what)
+    return LoadPeak(allocated_peak_bytes=allocated, reserved_bytes=here.reserved_after, need_bytes=need, what=what)

@@ -73,7 +73,7 @@ class StepTimeline:
 
     @property
     def peak_bytes(self) -> int:
-        """The largest live total: the budget's :attr:`~BudgetResult.allocated_peak_bytes`."""
+        """The largest live total: the budget's :attr:`~BudgetResult.step_allocated_peak_bytes`."""
         return max((sum(s.values()) for s in self.live_after), default=0)
 
     def phase_spans(self) -> list[tuple[Phase | None, int, int]]:
@@ -124,7 +124,7 @@ def _split(total: int, shares: list[tuple[str, int]]) -> list[tuple[str, int]]:
 
 def step_timeline(result: BudgetResult) -> StepTimeline:
     """The budgeted step as events (see the module docstring); its :attr:`~StepTimeline.peak_bytes` is the budget's
-    :attr:`~BudgetResult.allocated_peak_bytes`."""
+    :attr:`~BudgetResult.step_allocated_peak_bytes` (loading, where it peaks apart, is not a step event)."""
     forward = result.phases.get(Phase.FORWARD, {})
     held = {c: forward.get(c, 0) for c in HELD}
     stages: list[tuple[Phase | None, Mapping[MemCategory, int]]] = [(None, held)]

@@ -165,7 +165,33 @@ def validate(setup: TrainingSetup) -> TrainingSetup:
         )
     if setup.optimizer_in_backward:
         _validate_optimizer_in_backward(setup)
+    if setup.method is Method.QLORA and setup.versions.framework == "torchtune" \
+            and (setup.versions.release("torchtune") or (0,)) < TORCHTUNE_CHUNKING:
+        _validate_torchtune_0_1_qlora(setup)
     return setup
+
+
+TORCHTUNE_CHUNKING = (0, 2, 0)  # the first torchtune release whose QLoRA runs on a chunking torchao (0.3.1)
+
+
+def _validate_torchtune_0_1_qlora(setup: TrainingSetup) -> None:
+    """What torchtune < 0.2.0's QLoRA runs, and what oomlab recorded of it (:mod:`oomlab.budget.nf4_init`): one GPU
+    (v0.1.0 ships only ``*_qlora_single_device`` configs; ``lora_finetune_distributed`` has no NF4 path), bf16 (the
+    recipe refuses fp16, recipes/lora_finetune_single_device.py :100-105; torchao 0.1's quantization is recorded on
+    bf16 weights), dense models (no MoE builder)."""
+    if setup.world_size > 1:
+        raise InvalidValueError(
+            f"torchtune < 0.2.0 runs QLoRA on one GPU only ({setup.world_size} asked): its QLoRA configs are "
+            "*_qlora_single_device and lora_finetune_distributed has no NF4 path; use gpus 1, or torchtune >= 0.2.0")
+    if not setup.precision.uses_bf16:
+        raise InvalidValueError(
+            f"precision {setup.precision.value!r} with torchtune < 0.2.0 QLoRA: its recipe refuses fp16, and oomlab "
+            "recorded torchao 0.1's quantization of bf16 weights only; use bf16 (torchtune's dtype=bf16) on a GPU "
+            "with bfloat16")
+    if any(layout.experts for layout in setup.model.layer_layouts):
+        raise InvalidValueError(
+            f"{setup.model.name} is a mixture of experts: torchtune < 0.2.0 has no QLoRA builder for one; use "
+            "torchtune >= 0.2.0 or the transformers path (no --versions torchtune)")
 
 
 def _validate_optimizer_in_backward(setup: TrainingSetup) -> None:

@@ -267,7 +267,7 @@ def compare(setup: TrainingSetup) -> AgreementRow:
     """Analytic and traced budgets of one setup (the trace is cached)."""
     analytic = estimate_setup(setup)
     traced = traced_budget(setup)
-    return AgreementRow(describe(setup), analytic.allocated_peak_bytes, traced.allocated_peak_bytes,
+    return AgreementRow(describe(setup), analytic.step_allocated_peak_bytes, traced.step_allocated_peak_bytes,
                         analytic.peak_phase, traced.peak_phase,
                         _allocated(analytic.phases[traced.peak_phase]), _allocated(traced.components))
 

@@ -22,7 +22,7 @@ from oomlab.core.choices import BaseDtype, Method, Optimizer, Precision, Route, 
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.prices import HostRam, resolve_host_ram
-from oomlab.core.setup import TrainingSetup
+from oomlab.core.setup import TORCHTUNE_CHUNKING, TrainingSetup
 from oomlab.core.units import ceil_div, format_size
 from oomlab.core.user_input import read_user_text
 from oomlab.core.versions import Versions
@@ -210,7 +210,8 @@ def _change(step: Step) -> tuple[str, str]:
     if step.rung is Rung.MICRO_BATCH:
         return "batch", f"{s.batch} (gradient accumulation x{step.accumulation}: the same global batch)"
     if step.rung is Rung.CHUNKED_NF4:
-        return "versions", ", ".join(f"{name}=={'.'.join(map(str, release))}" for name, release in s.versions.given)
+        pin = s.versions.release("torchtune") or TORCHTUNE_CHUNKING  # the one pin the rung changes
+        return "versions", f"torchtune=={'.'.join(map(str, pin))} (it pins a chunking torchao)"
     knob = {Rung.HALF_BASE: "base_dtype",
             Rung.FUSED_OPTIMIZER: "optimizer", Rung.OPTIMIZER_8BIT: "optimizer", Rung.CHECKPOINTING: "checkpointing",
             Rung.SHARDING: "strategy", Rung.OFFLOAD: "strategy", Rung.LORA: "method", Rung.QLORA: "method",
@@ -302,7 +303,7 @@ def _fix_launch(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile
     YAML) is not also given as a flag: the command keeps naming those files."""
     fix = decision.setup
     if launch.command is None:
-        return launcher(Route.PROCESS_PER_GPU, fix.strategy)
+        return launcher(Route.PROCESS_PER_GPU, fix.strategy, fix.versions.framework)
     text = launch.command.text
     style = flag_style(launch.command)
     in_files = {f.path for f in files}
@@ -414,7 +415,8 @@ def other_launches(launch: UserLaunch) -> list[tuple[str, str, str, str]]:
         if not load.fits:
             where, figure = "load", load.per_gpu_bytes or 0
         elif not step.fits:
-            where, figure = f"step ({step.peak_phase.value})", step.per_gpu_peak_bytes
+            where = "load (init)" if step.loading_peaks else f"step ({step.peak_phase.value})"
+            figure = step.per_gpu_peak_bytes
         else:
             where, figure = "fits", step.per_gpu_peak_bytes
         mark = " (as launched)" if strategy is base.strategy else ""

@@ -31,6 +31,9 @@ def verdict(result: CheckResult, text: Callable[[str], str] = str) -> str:
         return (f"{where} fails while loading, before the first step, on the host: its processes need "
                 f"{format_size(result.load.host_per_node_bytes)} of host RAM per node, "
                 f"{format_size(result.host_ram_bytes)} there ({result.load.host.detail}).")
+    if result.fails_at is FailsAt.STEP and result.budget.loading_peaks:  # torchtune 0.1's QLoRA init
+        return (f"{where} fails while loading the model, before the first step: "
+                f"{format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap}.")
     if result.fails_at is FailsAt.STEP:
         return (f"{where} loads, then fails in the training step's {plain(result.phase)} phase: "
                 f"{format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap}.")
@@ -40,10 +43,11 @@ def verdict(result: CheckResult, text: Callable[[str], str] = str) -> str:
                 f"{format_size(result.host_ram_bytes)} there.")
     v = result.decision.verdict
     margin = v.margin.bytes_for(v.evaluation.per_gpu_peak_bytes)
+    at = "while loading the model" if result.budget.loading_peaks else "at the step's peak"
     if v.tight:
-        return (f"{where} is tight: {format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap} at the step's "
-                f"peak, inside the {format_size(margin)} margin this setup class needs ({v.margin.words}).")
-    return (f"{where} fits: {format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap} at the step's peak, "
+        return (f"{where} is tight: {format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap} {at}, "
+                f"inside the {format_size(margin)} margin this setup class needs ({v.margin.words}).")
+    return (f"{where} fits: {format_size(result.budget.per_gpu_peak_bytes)} per GPU of {cap} {at}, "
             f"with the {format_size(margin)} margin ({v.margin.words}).")
 
 
@@ -59,7 +63,9 @@ def per_gpu_rows(result: CheckResult) -> list[tuple[str, str]]:
     if result.load.per_gpu_bytes is not None:
         rows.append((f"load ({result.load.path.value})", format_size(result.load.per_gpu_bytes)))
     b = result.budget
-    rows.append((f"training step peak ({b.peak_phase.value})", format_size(b.per_gpu_peak_bytes)))
+    if b.load is not None:  # loading's own peak (torchtune 0.1's QLoRA init: oomlab.budget.nf4_init)
+        rows.append(("load (torchtune's QLoRA init)", format_size(b.load.need_bytes)))
+    rows.append((f"training step peak ({b.peak_phase.value})", format_size(sum(b.components.values()))))
     rows += [(f"  {k.value}", format_size(v)) for k, v in b.components.items() if v]
     rows.append(("capacity", format_size(b.capacity_bytes)))
     return rows

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomlab.budget.estimator import estimate_setup
-from oomlab.budget.result import BudgetResult, Phase
+from oomlab.budget.result import BudgetResult, MemCategory, Phase
 from oomlab.core.errors import OomlabError
 from oomlab.core.setup import TrainingSetup
 from oomlab.core.units import format_size
@@ -95,7 +95,8 @@ def read_message(launch: UserLaunch, text: str | bytes) -> tuple[MessageReading,
     differs = needed is not None and needed > predicted + margin
     inferred = _infer(s, launch, step_phase, needed) if differs else ()
     where = f"in the {step_phase.value} phase" if step_phase else f"({phase_text})"
-    usable = s.gpu.total_memory_bytes - (result.per_gpu_peak_bytes - result.allocated_peak_bytes)
+    usable = s.gpu.total_memory_bytes - sum(result.components.get(k, 0) for k in (  # what tensors may use
+        MemCategory.OUTSIDE_PYTORCH, MemCategory.ALLOCATOR_OVERHEAD))
     earlier = [_phase_bytes(result, p) for p in _ORDER[:_ORDER.index(step_phase)]] if step_phase else []
     dead = next(((p, b) for p, b in earlier if b > usable), None)
     if dead is not None:  # the setup as read dies before the phase the run reached

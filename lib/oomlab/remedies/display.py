@@ -30,7 +30,7 @@ def remedy_rows(configured: Remedy, remedies: Sequence[Remedy], top: int = 15, *
     rows = []
     for i, r in enumerate([configured, *remedies[:top]]):
         row = ("as configured" if i == 0 else str(i), r.name,  # the # column names the user's row
-               launcher(r.route, r.strategy, r.setup), "yes" if r.fits else "no",
+               launcher(r.route, r.strategy, r.framework), "yes" if r.fits else "no",
                format_signed_size(r.per_gpu_peak_bytes), format_signed_size(r.headroom_bytes),
                format_signed_size(r.host_ram_bytes), "-" if r.max_batch is None else str(r.max_batch))
         if compact:

@@ -25,7 +25,7 @@ from oomlab.budget.nf4_init import runs_torchao_unchunked
 from oomlab.budget.trainers import PRECOMPUTABLE, resident_reference
 from oomlab.core.choices import BaseDtype, Loss, Method, Optimizer, Reference, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError
-from oomlab.core.setup import TrainingSetup
+from oomlab.core.setup import TORCHTUNE_CHUNKING, TrainingSetup
 from oomlab.core.units import format_size
 from oomlab.remedies.margin import Margin, margin_for
 from oomlab.remedies.remedy import Evaluation, Evaluator
@@ -95,7 +95,7 @@ COST = {
     Rung.QLORA: "trains adapters over a 4-bit base: dequantization slows each step, the base loses precision",
     Rung.SHORTER_SEQ: "the data changes: sequences truncated, or split into shorter ones",
 }
-CHUNKED_TORCHTUNE = (0, 2, 0)  # the first torchtune release pinning a chunking torchao (0.3.1: FRAMEWORK_PINS)
+
 MAX_GPUS_PER_NODE_LADDER = 8  # the ladder doubles the GPUs of a node up to a common 8-GPU machine
 # more sharding on the launcher the user already runs: DDP is sharded by accelerate's (or the Trainer's) FSDP
 _MORE_SHARDING = {Strategy.DDP: Strategy.FSDP, Strategy.ZERO1: Strategy.ZERO2, Strategy.ZERO2: Strategy.ZERO3}
@@ -223,7 +223,7 @@ def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Ste
             return Step(rung, s.with_(base_dtype=BaseDtype.HALF), step.accumulation) \
                 if s.base_dtype is BaseDtype.FP32 and s.method is not Method.FULL else None
         if rung is Rung.CHUNKED_NF4:  # the first torchtune release whose pinned torchao chunks (its own pin dropped)
-            return Step(rung, s.with_(versions=s.versions.with_given(torchtune=CHUNKED_TORCHTUNE, torchao=None)),
+            return Step(rung, s.with_(versions=s.versions.with_given(torchtune=TORCHTUNE_CHUNKING, torchao=None)),
                         step.accumulation) if runs_torchao_unchunked(s) else None
         if rung is Rung.FUSED_OPTIMIZER:
             return Step(rung, s.with_(optimizer=Optimizer.ADAMW_FUSED), step.accumulation) \

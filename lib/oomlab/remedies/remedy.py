@@ -65,6 +65,8 @@ class Remedy:
     step: StepTime | None = field(default=None, compare=False)
     setup: TrainingSetup | None = field(default=None, repr=False, compare=False)
 
+    framework: str = "transformers"  # the training code the versions name (torchtune, litgpt): its own launcher
+
     @property
     def recommendable(self) -> bool:
         """Fits and changes nothing that harms training (pure half AdamW, plain SGD)."""
@@ -85,7 +87,7 @@ class Remedy:
                 "breaking_component": None if self.breaking_component is None else self.breaking_component.value,
                 "caveats": [{"text": c.text, "harmful": c.harmful} for c in self.caveats], "dropped": self.dropped,
                 "gpu_fits": self.gpu_fits, "same_as": list(self.same_as), "fails_at_load": self.fails_at_load,
-                "recommendable": self.recommendable, "step_time": step}
+                "recommendable": self.recommendable, "step_time": step, "framework": self.framework}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Remedy:
@@ -101,7 +103,7 @@ class Remedy:
             breaking_component=None if breaking is None else MemCategory(breaking),
             caveats=tuple(Caveat(c["text"], bool(c["harmful"])) for c in raw["caveats"]), dropped=bool(raw["dropped"]),
             gpu_fits=bool(raw.get("gpu_fits", raw["fits"])), same_as=tuple(raw.get("same_as", ())),
-            fails_at_load=bool(raw.get("fails_at_load", False)),
+            fails_at_load=bool(raw.get("fails_at_load", False)), framework=str(raw.get("framework", "transformers")),
         )
 
 
@@ -144,10 +146,9 @@ _FRAMEWORK_LAUNCHERS = {
 }
 
 
-def launcher(route: Route, strategy: Strategy, setup: TrainingSetup | None = None) -> str:
+def launcher(route: Route, strategy: Strategy, framework: str = "transformers") -> str:
     """The launch a remedy stands for: the command and the distributed configuration that run it -- torchtune's or
-    litgpt's own where ``setup``'s versions name that framework (a launch it has not: the HF one, said so)."""
-    framework = "transformers" if setup is None else setup.versions.framework
+    litgpt's own where the versions name that ``framework`` (a launch it has not: the HF one, said so)."""
     if framework != "transformers":
         own = _FRAMEWORK_LAUNCHERS.get((framework, strategy)) if route is not Route.DEVICE_MAP else None
         if own is not None:
@@ -316,8 +317,10 @@ def evaluate_remedy(setup: TrainingSetup, host_ram_bytes: int, *, route: Route =
         optimizer=setup.optimizer, checkpointing=setup.checkpointing, offload=offload_of(route, setup.strategy),
         fits=ev.fits, reason=reason(ev, setup, host_ram_bytes), per_gpu_peak_bytes=ev.per_gpu_peak_bytes,
         headroom_bytes=ev.headroom_bytes, host_ram_bytes=ev.host_ram_bytes, max_batch=max_batch, max_seq=max_seq,
-        tokens_per_s=tps, config_files=files_for(route, setup, max_batch) if ev.fits else (),
-        breaking_component=ev.breaking, caveats=caveats(setup), gpu_fits=ev.gpu_fits, step=step, setup=setup,
+        tokens_per_s=tps, breaking_component=ev.breaking, caveats=caveats(setup), gpu_fits=ev.gpu_fits, step=step,
+        config_files=files_for(route, setup, max_batch) if ev.fits and setup.versions.framework == "transformers"
+        else (),  # oomlab's launch files are a transformers + peft kit
+        setup=setup, framework=setup.versions.framework,
     )
 
 

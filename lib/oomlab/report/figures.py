@@ -47,10 +47,16 @@ class BarRow:
     label: str
     components: Mapping[MemCategory, int]
     capacity_bytes: int
+    load_bytes: int | None = None  # loading's own need where it has one (BudgetResult.load), else None
+
+    @property
+    def step_bytes(self) -> int:
+        return sum(self.components.values())
 
     @property
     def total_bytes(self) -> int:
-        return sum(self.components.values())
+        """The per-GPU peak: the step's, or loading's where it needs more."""
+        return max(self.step_bytes, self.load_bytes or 0)
 
     @property
     def fits(self) -> bool:
@@ -58,13 +64,15 @@ class BarRow:
 
     @classmethod
     def of(cls, label: str, result: BudgetResult) -> BarRow:
-        return cls(label, result.components, result.capacity_bytes)
+        return cls(label, result.components, result.capacity_bytes,
+                   None if result.load is None else result.load.need_bytes)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> BarRow:
         """From a budget's ``to_dict()`` with a ``label`` (the budget notebook's results JSON)."""
+        load = raw.get("load")
         return cls(raw["label"], {MemCategory(k): int(v) for k, v in raw["components"].items()},
-                   int(raw["capacity_bytes"]))
+                   int(raw["capacity_bytes"]), None if load is None else int(load["need_bytes"]))
 
 
 def plot_budget_bars(rows: Sequence[BarRow], title: str = "") -> Any:
@@ -73,7 +81,7 @@ def plot_budget_bars(rows: Sequence[BarRow], title: str = "") -> Any:
 
     fig = Figure(figsize=(9, 0.55 * len(rows) + 1.8), dpi=110)
     ax = fig.subplots()
-    drawn: set[MemCategory] = set()
+    drawn: set[MemCategory | str] = set()
     for index, row in enumerate(rows):
         left = 0.0
         for category in MemCategory:
@@ -84,6 +92,11 @@ def plot_budget_bars(rows: Sequence[BarRow], title: str = "") -> Any:
                     label=None if category in drawn else category.value)
             drawn.add(category)
             left += value
+        if row.total_bytes > row.step_bytes:  # loading needs more than the step: an outline to its figure
+            ax.barh(index, (row.total_bytes - row.step_bytes) / GiB, left=left, fill=False, hatch="//",
+                    edgecolor="#444444", linewidth=0.8, label=None if "load" in drawn else "loading (init)")
+            drawn.add("load")
+            left = row.total_bytes / GiB
         ax.plot([row.capacity_bytes / GiB] * 2, [index - 0.42, index + 0.42], color="black", linewidth=2)
         ax.text(left, index, f"  {format_size(row.total_bytes)}" + ("" if row.fits else f"  ({Fit.NO.value})"),
                 va="center", fontsize=7)
