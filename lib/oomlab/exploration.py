@@ -27,7 +27,7 @@ from oomlab.core.prices import resolve_host_ram
 from oomlab.core.search import largest_true
 from oomlab.core.setup import TrainingSetup, lora_targets_for, make_setup
 from oomlab.core.units import GiB, MiB, format_size
-from oomlab.core.versions import versions_from
+from oomlab.core.versions import pin_text, versions_from
 from oomlab.pipeline.params import PARAMETERS
 from oomlab.remedies.hardware import HardwareSearch, search_hardware
 from oomlab.remedies.hardware_display import HARDWARE_HEADERS
@@ -399,4 +399,4 @@ def _pins(text: str) -> str:
         given = versions_from(text).given
     except OomlabError:
         return "(not valid: see the verdict)"
-    return ", ".join(f"{name}=={'.'.join(map(str, release))}" for name, release in given)
+    return ", ".join(pin_text(name, release) for name, release in given)

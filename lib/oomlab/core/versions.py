@@ -25,8 +25,8 @@ from oomlab.core.choices import Choice
 from oomlab.core.errors import InvalidValueError, UnknownNameError
 from oomlab.core.user_input import read_user_text, shown
 
-__all__ = ["FACTS", "Fact", "Versions", "applies", "installed_versions", "parse_versions", "read_freeze_file",
-           "runs_sdpa_by_default", "sdpa_release", "trainer_default_optimizer", "versions_from"]
+__all__ = ["FACTS", "Fact", "Versions", "applies", "installed_versions", "parse_versions", "pin_text",
+           "read_freeze_file", "runs_sdpa_by_default", "sdpa_release", "trainer_default_optimizer", "versions_from"]
 
 Release = tuple[int, ...]
 
@@ -47,6 +47,11 @@ MAX_PINS = 64  # a --versions list names a handful; a pip freeze file is filtere
 
 _RELEASE = re.compile(r"^v?(\d{1,6}(?:\.\d{1,6}){0,3})(?:[.+\-_ ]?[A-Za-z0-9.+\-_]*)?$")
 _FREEZE_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)\s*(?:\[[^\]]*\])?\s*===?\s*(\S+)\s*$")
+
+
+def pin_text(package: str, release: Release) -> str:
+    """``("torchtune", (0, 2, 0))`` -> ``torchtune==0.2.0``, as ``--versions`` takes a pin."""
+    return f"{package}=={'.'.join(map(str, release))}"
 
 
 def parse_release(text: str, package: str) -> Release:

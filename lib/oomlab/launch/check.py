@@ -25,7 +25,7 @@ from oomlab.core.prices import HostRam, resolve_host_ram
 from oomlab.core.setup import TORCHTUNE_CHUNKING, TrainingSetup
 from oomlab.core.units import ceil_div, format_size
 from oomlab.core.user_input import read_user_text
-from oomlab.core.versions import Versions
+from oomlab.core.versions import Versions, pin_text
 from oomlab.launch.fix_flags import FlagStyle, flag_style, with_flag
 from oomlab.launch.framework import Framework, framework_of
 from oomlab.launch.inputs import check_inputs
@@ -211,7 +211,7 @@ def _change(step: Step) -> tuple[str, str]:
         return "batch", f"{s.batch} (gradient accumulation x{step.accumulation}: the same global batch)"
     if step.rung is Rung.CHUNKED_NF4:
         pin = s.versions.release("torchtune") or TORCHTUNE_CHUNKING  # the one pin the rung changes
-        return "versions", f"torchtune=={'.'.join(map(str, pin))} (it pins a chunking torchao)"
+        return "versions", f"{pin_text('torchtune', pin)} (it pins a chunking torchao)"
     knob = {Rung.HALF_BASE: "base_dtype",
             Rung.FUSED_OPTIMIZER: "optimizer", Rung.OPTIMIZER_8BIT: "optimizer", Rung.CHECKPOINTING: "checkpointing",
             Rung.SHARDING: "strategy", Rung.OFFLOAD: "strategy", Rung.LORA: "method", Rung.QLORA: "method",

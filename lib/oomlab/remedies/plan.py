@@ -26,7 +26,7 @@ from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.prices import HOST_RAM_AUTO, resolve_host_ram
 from oomlab.core.setup import TrainingSetup, make_setup, validate
 from oomlab.core.units import format_size
-from oomlab.core.versions import Versions
+from oomlab.core.versions import Versions, pin_text
 from oomlab.remedies.knobs import KnobChange, knob_table
 from oomlab.remedies.ladder import Decision, climb
 from oomlab.remedies.launch_files import files_for
@@ -444,7 +444,7 @@ def _ladder_suffix(base: TrainingSetup, decision: Decision) -> str:
         parts.append(f"{fix.gpus} GPUs per node")
     if fix.loss is not base.loss:
         parts.append(f"loss {fix.loss.value}")
-    parts += [f"{name}=={'.'.join(map(str, release))}" for name, release in fix.versions.given
+    parts += [pin_text(name, release) for name, release in fix.versions.given
               if (name, release) not in base.versions.given]  # an upgrade the fix needs (torchtune 0.2.0)
     return "".join(f" · {p}" for p in parts)
 
