@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "(load or step, which phase), the per-GPU budget and the smallest fix",
                          formatter_class=Formatter)
     chk.add_argument("--launch", default=None, metavar="COMMAND",
-                     help="the launch command line, quoted: torchrun / accelerate launch / deepspeed / python ...")
+                     help="the launch command line, quoted: torchrun / accelerate launch / deepspeed / python / "
+                          "llamafactory-cli / axolotl / trl / tune run ...")
     chk.add_argument("--launch-dir", type=path_argument, default=None, metavar="DIR",
                      help="a folder of launch files (launch.txt, accelerate*.yaml, DeepSpeed JSON, training_args.json,"
                      " adapter_config.json, quantization_config.json, config.json)")

@@ -26,6 +26,7 @@ from oomlab.core.setup import TORCHTUNE_CHUNKING, TrainingSetup
 from oomlab.core.units import ceil_div, format_size
 from oomlab.core.user_input import read_user_text
 from oomlab.core.versions import Versions, pin_text
+from oomlab.launch import torchtune_fix
 from oomlab.launch.fix_flags import FlagStyle, flag_style, with_flag
 from oomlab.launch.framework import Framework, framework_of
 from oomlab.launch.inputs import check_inputs
@@ -248,10 +249,14 @@ def _how(launch: UserLaunch, step: Step) -> str:
         return (f"strategy {strategy.value}: --fsdp \"{_FSDP_FLAGS[strategy]}\" (or accelerate's FSDP config: "
                 f"oomlab plan --write-configs writes it)" + where + cost)
     style = flag_style(launch.command)
+    batch_words = (f"{style.spell('batch', str(fix.batch))} "
+                   f"{style.spell('accumulation', str(_given_accumulation(launch) * step.accumulation))}")
+    if _is_torchtune(launch):
+        words = torchtune_fix.how(launch, knob, fix, batch_words)
+        return f"{knob} {shown}: {words or shown}{where}{cost}"
     flags = {"checkpointing": style.spell("checkpointing", None), "seq": style.spell("seq", str(fix.seq)),
              "optimizer": style.spell("optim", _OPTIM_FLAGS[fix.optimizer].split()[-1]),
-             "batch": f"{style.spell('batch', str(fix.batch))} "
-                      f"{style.spell('accumulation', str(_given_accumulation(launch) * step.accumulation))}",
+             "batch": batch_words,
              "gpus": f"{fix.gpus} processes per node (torchrun --nproc_per_node, accelerate --num_processes, "
                      "deepspeed --num_gpus)",
              "reference": "--precompute_ref_log_probs True (TRL's DPOConfig / KTOConfig)",
@@ -263,6 +268,10 @@ def _how(launch: UserLaunch, step: Step) -> str:
                           if launch.setup.base_dtype is BaseDtype.FP32 and fix.base_dtype is BaseDtype.HALF
                           else "")}
     return f"{knob} {shown}: {flags.get(knob, shown)}{where}{cost}"
+
+
+def _is_torchtune(launch: UserLaunch) -> bool:
+    return launch.command is not None and framework_of(launch.command) is Framework.TORCHTUNE
 
 
 def _half_base_how(launch: UserLaunch, fix: TrainingSetup) -> str:
@@ -304,6 +313,10 @@ def _fix_launch(launch: UserLaunch, decision: Decision, files: tuple[ChangedFile
     fix = decision.setup
     if launch.command is None:
         return launcher(Route.PROCESS_PER_GPU, fix.strategy, fix.versions.framework)
+    if _is_torchtune(launch):
+        edited = {e.key for f in files for e in f.edits}
+        return torchtune_fix.fixed(launch, [(_change(step)[0], step.setup) for step in decision.steps],
+                                   _given_accumulation(launch) * decision.accumulation, edited)
     text = launch.command.text
     style = flag_style(launch.command)
     in_files = {f.path for f in files}

@@ -29,6 +29,7 @@ class Launcher(enum.Enum):
     LLAMAFACTORY = "llamafactory-cli"  # llamafactory-cli train: torchrun over NPROC_PER_NODE (every visible GPU)
     AXOLOTL = "axolotl"  # axolotl train: accelerate launch -m axolotl.cli.train
     TRL = "trl"  # trl sft|dpo|grpo|kto|reward|rloo: accelerate launch of trl/scripts/<name>.py
+    TUNE = "tune run"  # torchtune: tune run [torchrun options] <recipe> --config C [key=value ...]
 
 
 # the subcommands of the frameworks' commands that train (the script of the command)
@@ -47,6 +48,7 @@ _SWITCHES = {
                          "--enable_each_rank_log", "--bind_cores_to_rank", "--no_ssh_check", "--elastic_training"},
     Launcher.PYTHON: {"-u", "-O", "-B"},
     Launcher.LLAMAFACTORY: set(), Launcher.AXOLOTL: set(), Launcher.TRL: set(),
+    Launcher.TUNE: {"--standalone", "--no-python", "--no_python", "--module", "-m", "--run-path", "--run_path"},
 }
 _TORCH_RUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _VAR = re.compile(r"\$(\w+)|\$\{(\w+)\}")
@@ -92,6 +94,8 @@ def split_flags(words: list[str], switches: set[str] = frozenset(),
         override = _OVERRIDE.fullmatch(word) if overrides else None
         if override:
             out.append([override.group(1), override.group(2)])
+        elif overrides and word.startswith("~") and _OVERRIDE.fullmatch(word[1:] + "=") is not None:
+            out.append([word, None])  # torchtune's ~key: the key removed from the YAML
         elif word.startswith("-") and len(word) > 1 and not _is_number(word):
             key, eq, value = word.partition("=")
             if eq:
@@ -166,6 +170,11 @@ def parse_command(text: str) -> LaunchCommand:
         launcher = Launcher.AXOLOTL
     elif program == "trl":
         launcher = Launcher.TRL
+    elif program == "tune":
+        if rest[:1] != ["run"]:
+            raise InvalidValueError(f"tune {' '.join(rest[:1])!r} does not train; oomlab reads tune run <recipe> "
+                                    "--config <config>")
+        launcher, rest = Launcher.TUNE, rest[1:]
     elif program.startswith("python"):
         if rest[:1] == ["-m"] and len(rest) > 1 and rest[1] in _TORCH_RUN_MODULES:
             launcher, rest = Launcher.TORCHRUN, rest[2:]
@@ -176,7 +185,7 @@ def parse_command(text: str) -> LaunchCommand:
     else:
         raise InvalidValueError(f"unknown launcher {words[0]!r} in {text!r}; known: torchrun, python -m "
                                 "torch.distributed.run, accelerate launch, deepspeed, python, llamafactory-cli train, "
-                                "axolotl train, trl sft|dpo|grpo|kto|reward|rloo")
+                                "axolotl train, trl sft|dpo|grpo|kto|reward|rloo, tune run")
     options, i = _launcher_options(rest, launcher)
     if launcher is Launcher.PYTHON and options and options[-1][0] == "-m" and options[-1][1] is not None:
         script, i = options.pop()[1], i
@@ -191,7 +200,8 @@ def parse_command(text: str) -> LaunchCommand:
     if i < len(rest) and rest[i].lower().endswith(CONFIG_SUFFIXES) and not rest[i].startswith("-"):
         config, i = rest[i], i + 1
     return LaunchCommand(text=" ".join(text.split()), launcher=launcher, env=tuple(env), options=tuple(options),
-                         script=script, flags=split_flags(rest[i:], overrides=launcher is Launcher.LLAMAFACTORY),
+                         script=script, flags=split_flags(rest[i:], overrides=launcher in (Launcher.LLAMAFACTORY,
+                                                                                          Launcher.TUNE)),
                          config=config)
 
 

@@ -28,6 +28,11 @@ _NAMES = {
     Framework.TRL: {"seq": "max_length", "batch": "per_device_train_batch_size",
                     "accumulation": "gradient_accumulation_steps", "checkpointing": "gradient_checkpointing",
                     "optim": "optim", "loss": "use_liger_kernel"},
+    # torchtune: key=value overrides after the config (oomlab.launch.torchtune_fix writes its fixes)
+    Framework.TORCHTUNE: {"seq": "tokenizer.max_seq_len", "batch": "batch_size",
+                          "accumulation": "gradient_accumulation_steps",
+                          "checkpointing": "enable_activation_checkpointing", "optim": "optimizer._component_",
+                          "loss": "loss._component_"},
 }
 
 
@@ -78,7 +83,8 @@ def flag_style(cmd: LaunchCommand | None) -> FlagStyle:
         return _PLAIN
     framework = framework_of(cmd)
     if framework is not None:
-        return FlagStyle(_NAMES[framework], overrides=framework is Framework.LLAMAFACTORY and cmd.config is not None)
+        return FlagStyle(_NAMES[framework], overrides=framework is Framework.TORCHTUNE or (
+            framework is Framework.LLAMAFACTORY and cmd.config is not None))
     given = {flag.lstrip("-").replace("-", "_") for flag, _ in cmd.flags}
     seq = next((name for name in SCRIPT_SEQ_FLAGS if name in given), None)
     return _PLAIN if seq is None else FlagStyle({**_NAMES[None], "seq": seq}, plain=True)

@@ -2,7 +2,7 @@
 framework a command runs (:func:`framework_of`), a config file named by the command, and the lookup of a key on the
 command line over the config file (the command line wins, as each framework merges them).
 
-The readers themselves: :mod:`.llamafactory`, :mod:`.axolotl`, :mod:`.trl_config`.
+The readers themselves: :mod:`.llamafactory`, :mod:`.axolotl`, :mod:`.trl_config`, :mod:`.torchtune`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.user_input import shown
+from oomlab.core.versions import Versions
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import LaunchCommand, Launcher
 from oomlab.launch.files import LaunchFile, read_file
@@ -28,6 +29,7 @@ class Framework(enum.Enum):
     LLAMAFACTORY = "LLaMA-Factory"  # llamafactory-cli train [config.yaml] [key=value | --key value]
     AXOLOTL = "axolotl"  # axolotl train config.yml; accelerate launch / python -m axolotl.cli.train config.yml
     TRL = "TRL"  # trl sft|dpo|...; python / accelerate launch of trl/scripts/<name>.py
+    TORCHTUNE = "torchtune"  # tune run <recipe> --config C [key=value ...]: its own recipes, not the HF Trainer
 
 
 _TRL_SCRIPTS = ("sft", "dpo", "grpo", "kto", "reward", "rloo", "ppo", "orpo")
@@ -56,6 +58,8 @@ def framework_of(cmd: LaunchCommand) -> Framework | None:
         return Framework.AXOLOTL
     if trl_script(cmd) is not None:
         return Framework.TRL
+    if cmd.launcher is Launcher.TUNE:
+        return Framework.TORCHTUNE
     return None
 
 
@@ -72,6 +76,9 @@ class FrameworkRead:
     launcher_refs: dict[str, Any] = field(default_factory=dict)  # the distributed kind a framework's own config sets
     unmodelled: list[Unmodelled] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    versions: Versions | None = None  # the releases the framework's own read fixes (torchtune's), None: the user's
+    release: Sourced | None = None  # the framework's release, with where it comes from (torchtune's)
+    values: dict[str, Any] = field(default_factory=dict)  # what its fixes need (UserLaunch.framework_values)
 
 
 def command_path(command_dir: str | None, value: str) -> Path:

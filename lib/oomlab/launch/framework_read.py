@@ -9,12 +9,13 @@ from oomlab.launch.command import LaunchCommand
 from oomlab.launch.framework import Framework, FrameworkRead, framework_of
 from oomlab.launch.llamafactory import read_llamafactory
 from oomlab.launch.read import LaunchInputs
+from oomlab.launch.torchtune import read_torchtune
 from oomlab.launch.trl_config import read_trl
 
 
 def read_framework(claims: Claims, cmd: LaunchCommand, inputs: LaunchInputs) -> FrameworkRead | None:
-    """Claims of the framework ``cmd`` runs (LLaMA-Factory, axolotl, TRL), with its defaults at the release its
-    reader cites (TRL's: the user's ``versions``, else the installed, else the release read); None when ``cmd`` runs
+    """Claims of the framework ``cmd`` runs (LLaMA-Factory, axolotl, TRL, torchtune), with its defaults at the release
+    its reader cites (TRL's: the user's ``versions``, else the installed, else the release read); None when ``cmd`` runs
     none of them."""
     framework = framework_of(cmd)
     command_dir, gpu = inputs.command_dir, inputs.gpu
@@ -24,4 +25,6 @@ def read_framework(claims: Claims, cmd: LaunchCommand, inputs: LaunchInputs) -> 
         return read_axolotl(claims, cmd, command_dir, gpu)
     if framework is Framework.TRL:
         return read_trl(claims, cmd, command_dir, gpu, inputs.versions)
+    if framework is Framework.TORCHTUNE:
+        return read_torchtune(claims, cmd, command_dir, gpu, inputs.versions)
     return None

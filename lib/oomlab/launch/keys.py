@@ -99,6 +99,7 @@ LAUNCHER_OPTIONS = {
                           "--fsdp_version", "--fsdp_offload_params", "--gpu_ids"},
     "deepspeed": {"--num_gpus", "--num_accelerators", "--num_nodes", "--num_node", "--hostfile", "-H", "--include"},
     "python": set(), "llamafactory-cli": set(), "axolotl": set(), "trl": {"--num_processes"},
+    "tune run": {"--nproc_per_node", "--nproc-per-node", "--nnodes"},
 }
 
 

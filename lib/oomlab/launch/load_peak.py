@@ -154,6 +154,12 @@ def host_load(setup: TrainingSetup, path: LoadPath, dtype: str) -> HostLoad:
     shard = min(checkpoint, SHARD_BYTES)
     streams = applies(Fact.LOAD_STREAMS, setup.versions) or path in _ON_GPU
     label = transformers_label(setup.versions)
+    if path is LoadPath.TORCHTUNE_BUILD:  # FullModelHFCheckpointer merges every file's tensors into one CPU dict
+        processes = setup.gpus
+        detail = (f"{format_size(checkpoint)} per process (torchtune's checkpointer holds the whole checkpoint on the "
+                  f"host: training/checkpointing/_checkpointer.py :508-528 at v0.6.1, safetensors read into memory) "
+                  f"× {processes} process{'es' if processes > 1 else ''} per node")
+        return HostLoad(checkpoint, processes, detail)
     if path in _ON_GPU:
         model, what = 0, "each tensor placed on the GPU as read"
     elif path is LoadPath.ZERO_INIT:

@@ -32,6 +32,7 @@ class LoadPath(enum.Enum):
     FSDP2_SHARDS = "fsdp2-shards"  # FSDP2 fully_shard: each parameter becomes a DTensor shard
     DEVICE_MAP = "device-map"  # from_pretrained(device_map=...): each tensor placed as loaded; the Trainer skips .to
     QUANTIZED = "quantized"  # bitsandbytes 4-bit: loaded with a device_map; the Trainer never calls .to()
+    TORCHTUNE_BUILD = "torchtune-build"  # torchtune: built on its device in its dtype, the checkpoint copied in
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,12 @@ class PathRow:
     full_replica: bool  # a full replica of the model is moved to each GPU with Module.to()
     apply_traceback: bool  # can fail inside Module._apply -> convert -> t.to with most of a replica allocated
     short: str = ""  # the launch in a few words
+    read_at: str = ""  # a package oomlab does not install: the line as read at this release (file:line@tag)
 
     @property
     def citation(self) -> str:
+        if self.read_at:
+            return f"{self.package}/{self.read_at}"
         line = cite(self.package, self.file, self.pattern)
         return f"{self.package}/{self.file}" + (f":{line}" if line else " (line not found in the installed release)")
 
@@ -93,6 +97,12 @@ PATH_ROWS: tuple[PathRow, ...] = (
             "weights quantized as loaded onto their device; the Trainer never calls .to() on them", "transformers",
             "trainer.py", "QuantizationMethod.BITS_AND_BYTES", False, False,
             short='a bitsandbytes 4-bit base'),
+    PathRow(LoadPath.TORCHTUNE_BUILD, "a torchtune recipe (tune run)",
+            "the model built on its device under training.set_default_dtype (NF4 quantized as built for QLoRA; "
+            "*_distributed: on meta, then sharded), the checkpoint's state dict copied in by load_state_dict; no "
+            "Module.to()", "torchtune", "training/checkpointing/_checkpointer.py", "merged_state_dict.update(",
+            False, False, short="torchtune's recipe",
+            read_at="training/checkpointing/_checkpointer.py:528 at v0.6.1 (not installed: read from its source)"),
 )
 ROWS = {row.path: row for row in PATH_ROWS}
 
@@ -114,7 +124,9 @@ def cite(package: str, file: str, pattern: str) -> int | None:
 def load_path_of(setup: TrainingSetup, *, hf_trainer: bool = True, zero3_init: bool = True,
                  route: Route = Route.PROCESS_PER_GPU) -> LoadPath:
     """The row a setup takes: by its strategy, method and route (``hf_trainer``: an HF Trainer script rather than a
-    custom accelerate loop; ``zero3_init``: ZeRO-3 built under zero.Init)."""
+    custom accelerate loop; ``zero3_init``: ZeRO-3 built under zero.Init); a torchtune setup takes torchtune's."""
+    if setup.versions.framework == "torchtune" and route is Route.PROCESS_PER_GPU:
+        return LoadPath.TORCHTUNE_BUILD
     return path_of(setup.strategy, setup.method, hf_trainer=hf_trainer, zero3_init=zero3_init, route=route)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from oomlab.budget.deepspeed_config import DeepSpeedSettings
@@ -88,6 +88,8 @@ class UserLaunch:
     command: LaunchCommand | None
     unmodelled: tuple[Unmodelled, ...]
     files: tuple[str, ...]
+    # what a framework's read keeps for its fixes (torchtune: recipe, builder, the YAML's keys); JSON-able
+    framework_values: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def load_dtype(self) -> str:
@@ -111,6 +113,8 @@ class UserLaunch:
                 "launcher": None if self.launcher is None else self.launcher.value, "hf_trainer": self.hf_trainer,
                 "command": None if self.command is None else self.command.to_dict(),
                 "unmodelled": [u.to_dict() for u in self.unmodelled], "files": list(self.files),
+                "framework_values": {k: list(v) if isinstance(v, tuple) else v
+                                     for k, v in self.framework_values.items()},
                 "assumptions": list(self.assumptions),
                 "deepspeed": None if self.deepspeed is None else {k: plain(getattr(self.deepspeed, k)) for k in
                                                                   self.deepspeed.__dataclass_fields__}}
@@ -351,7 +355,7 @@ def launcher_refs(claims: Claims, cmd: LaunchCommand) -> dict[str, Any]:
         return None if found is None else (expand_env(found[1], env),
                                            flag_origin(f"{found[0]} {found[1] or ''}".strip()))
 
-    if cmd.launcher is Launcher.TORCHRUN:
+    if cmd.launcher in (Launcher.TORCHRUN, Launcher.TUNE):  # tune run passes its options to torchrun
         n, nodes = opt("--nproc_per_node", "--nproc-per-node"), opt("--nnodes")
         if n and n[0] not in ("gpu", "auto"):
             claims.say("gpus", int_value(n[0], n[1], MAX_PROCESSES), n[1])

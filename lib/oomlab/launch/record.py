@@ -118,7 +118,9 @@ def launch_of(record: dict[str, Any]) -> UserLaunch:
         launcher=None if record["launcher"] is None else Launcher(record["launcher"]), hf_trainer=record["hf_trainer"],
         command=_command_of(record["command"]),
         unmodelled=tuple(Unmodelled(_origin_of(u["origin"]), u["value"], u["why"]) for u in record["unmodelled"]),
-        files=tuple(record["files"]))
+        files=tuple(record["files"]),
+        framework_values={k: tuple(v) if isinstance(v, list) else v
+                          for k, v in record.get("framework_values", {}).items()})
 
 
 def write_launch(path: str | Path, launch: UserLaunch) -> Path:

@@ -22,6 +22,7 @@ from oomlab.launch.batch import World, deepspeed_batch
 from oomlab.launch.claims import Claims, Strength
 from oomlab.launch.command import Launcher, parse_command
 from oomlab.launch.files import LaunchFile, read_json, read_yaml
+from oomlab.launch.framework import Framework
 from oomlab.launch.framework_read import read_framework
 from oomlab.launch.given import given_claims, trainer_default
 from oomlab.launch.llamafactory import VERSION as LLAMAFACTORY
@@ -265,14 +266,14 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         unmodelled += [Unmodelled(flag_origin(k), v, "launcher option not modelled") for k, v in cmd.options
                        if k not in allowed and k != "--config_file"]
         framework = read_framework(claims, cmd, inputs)
-        if framework is not None:  # LLaMA-Factory, axolotl, TRL: each runs the HF Trainer
+        if framework is not None:  # LLaMA-Factory, axolotl, TRL: each runs the HF Trainer; torchtune its recipes
             training_refs.update(framework.refs)
             for key, value in framework.launcher_refs.items():
                 refs.setdefault(key, value)
             unmodelled += framework.unmodelled
             files += framework.files
             base_dirs += [Path(f).parent for f in framework.files]
-            trainer = True
+            trainer = framework.framework is not Framework.TORCHTUNE
         else:
             unmodelled += memory_flags(claims, flag_lookup(cmd))  # the loss kernel; refused settings
             training_refs.update(training_claims(claims, flag_lookup(cmd), is_json=False))
@@ -317,7 +318,11 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
         world = World(gpus_won.value, gpus_won.origin, nodes_won.value if nodes_won else 1,
                       nodes_won.origin if nodes_won else None)
         deepspeed_batch(claims, ds, world, training_refs.get("gradient_accumulation_steps"))
-    trainer_defaults(claims, trainer, spec, inputs.versions if inputs.versions is not None else installed_versions())
+    if framework is not None and framework.versions is not None:  # torchtune's release, given or assumed
+        versions = framework.versions
+    else:
+        versions = inputs.versions if inputs.versions is not None else installed_versions()
+    trainer_defaults(claims, trainer, spec, versions)
     fields = {name: claims.winner(name) for name in list(claims.said)}
     kind, kind_origin = _strategy(claims, refs, ds, training_refs.get("fsdp"))
     gpus, nodes = fields["gpus"].value, fields["nodes"].value
@@ -328,7 +333,6 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
               "lora_rank": fields["lora_rank"].value, "lora_alpha": fields["lora_alpha"].value,
               "lora_targets": fields["lora_targets"].value}
     precision = fields["precision"].value
-    versions = inputs.versions if inputs.versions is not None else installed_versions()
     release_default = "load_dtype" not in fields
     if release_default:  # nothing names it: from_pretrained's default at the user's transformers release
         fields["load_dtype"] = default_load_dtype(spec, precision, versions, method.value is Method.QLORA)
@@ -369,8 +373,15 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     setup = make_setup(strategy=strategy, precision=precision, optimizer=fields["optimizer"].value,
                        trainer=kind.value, reference=reference.value, versions=versions,
                        loss=fields["loss"].value, offload_activations=fields["offload_activations"].value,
-                       base_dtype=base.value, **common)
+                       base_dtype=base.value, optimizer_in_backward=bool(
+                           fields["optimizer_in_backward"].value if "optimizer_in_backward" in fields else False),
+                       **common)
     zero3 = _zero3_init(refs, trainer)
+    if framework is not None and framework.release is not None:  # torchtune: its release; its recipe's strategy
+        fields[framework.framework.value] = framework.release
+        zero3 = Sourced(False, default_origin(framework.version, "no DeepSpeed in its recipes"))
+        if strategy is Strategy.SINGLE:
+            strategy_origin = default_origin(framework.version, f"{framework.values['recipe']}: one process")
     fields.update({"model": Sourced(spec.name, model_origin), "strategy": Sourced(strategy, strategy_origin),
                    "method": method, "zero3_init": zero3, "trainer": kind, "reference": reference,
                    "lora_targets": Sourced(setup.lora_targets, fields["lora_targets"].origin)})
@@ -380,7 +391,8 @@ def read_launch(inputs: LaunchInputs) -> UserLaunch:
     ordered = {name: fields[name] for name in (*SETUP_ORDER, *sorted(set(fields) - set(SETUP_ORDER)))
                if name in fields}
     return UserLaunch(setup=setup, fields=ordered, deepspeed=settings, launcher=cmd.launcher if cmd else None,
-                      hf_trainer=trainer, command=cmd, unmodelled=K.ranked(unmodelled), files=tuple(files))
+                      hf_trainer=trainer, command=cmd, unmodelled=K.ranked(unmodelled), files=tuple(files),
+                      framework_values=dict(framework.values) if framework is not None else {})
 
 
 SETUP_ORDER = ("model", "gpus", "nodes", "strategy", "trainer", "reference", "method", "precision", "optimizer",

@@ -215,10 +215,12 @@ def fix_edits(launch: UserLaunch, decision: Decision, files: Sequence[UserFile])
             why[name] = rung_words(step.rung)
     out: dict[str, list[KeyEdit]] = {}
     by_path = {f.file.path: f for f in files}
+    # torchtune: its optimizer is a component (and fused) and its processes tune run's: the command carries them
+    command_only = ("optimizer", "gpus") if launch.framework_values.get("recipe") else ()
     for name, words in why.items():  # each changed field where the launch read it
         sourced = launch.fields.get(name)  # the strategy: where its launcher reads it (below)
-        if name == "strategy" or sourced is None or sourced.origin.kind is not OriginKind.FILE \
-                or sourced.origin.where not in by_path:
+        if name == "strategy" or name in command_only or sourced is None \
+                or sourced.origin.kind is not OriginKind.FILE or sourced.origin.where not in by_path:
             continue
         key = sourced.origin.key
         out.setdefault(sourced.origin.where, []).append(KeyEdit(key, _field_value(name, key, fix, accumulation),

@@ -216,7 +216,16 @@ class Decision:
 
 
 def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Step | None:
-    """``rung`` applied to ``step``'s setup; None where it changes nothing (or cannot run there)."""
+    """``rung`` applied to ``step``'s setup; None where it changes nothing (or cannot run there: under torchtune,
+    Liger's loss and DeepSpeed, which its recipes do not run)."""
+    applied = _applied(rung, step, fits)
+    if applied is not None and step.setup.versions.framework == "torchtune" \
+            and (rung is Rung.FUSED_LOSS or applied.setup.strategy.deepspeed):
+        return None
+    return applied
+
+
+def _applied(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Step | None:
     s = step.setup
     try:
         if rung is Rung.HALF_BASE:
