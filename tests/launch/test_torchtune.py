@@ -291,3 +291,30 @@ def test_an_override_with_a_yaml_anchor_stays_text(tmp_path: Path) -> None:
     bomb = "[&a [x,x,x,x,x,x,x,x,x],&b [*a,*a,*a,*a,*a,*a,*a,*a,*a],&c [*b,*b,*b,*b,*b,*b,*b,*b,*b]]"
     with pytest.raises(UnknownNameError, match="lora_attn_modules"):
         _read(f"tune run lora_finetune_single_device --config {_yaml(tmp_path)} model.lora_attn_modules={bomb}")
+
+
+def test_the_knob_table_and_other_launches_are_torchtune_s(tmp_path: Path) -> None:
+    """The configuration that decides it, and the other launches of the same run: only the strategies and dtypes
+    torchtune's recipes run (FSDP2 at 0.6.1; bf16 or fp32)."""
+    from oomlab.launch.check import other_launches
+    from oomlab.remedies.knobs import knob_table
+    launch = _read(f"tune run --nproc_per_node 2 lora_finetune_distributed --config {_yaml(tmp_path)}")
+    rows = knob_table(launch.setup, 256 * 2**30)
+    strategies = {v for r in rows for k, v in r.changes if k == "strategy"}
+    precisions = {v for r in rows for k, v in r.changes if k == "precision"}
+    assert strategies <= {"single", "fsdp2-offload"} and precisions <= {"fp32"}
+    assert [r[0] for r in other_launches(launch)] == ["fsdp2 (as launched)", "fsdp2-offload"]  # single: 2 GPUs
+
+
+def test_plan_ranks_only_what_torchtune_runs() -> None:
+    """The plan's grid for a torchtune run: its recipes' strategies and dtypes, each launched by tune run; pure bf16 is
+    torchtune's way (no mixed precision in its recipes), not a harmful caveat there."""
+    from oomlab.remedies.plan import make_plan
+    from oomlab.remedies.remedy import launcher
+    plan = make_plan(model="llama-3.1-8b", gpu="a10g", gpus=1, seq=4096, batch=4, precision="bf16", method="lora",
+                     optimizer="adamw-fused", versions={"torchtune": "0.6.1"})
+    rows = [r for r in plan.remedies if r.name != "as configured"]
+    assert rows and all(r.strategy.value in ("single", "fsdp2", "fsdp2-offload") for r in rows)
+    assert all(r.precision in (Precision.BF16, Precision.FP32) for r in rows)
+    assert all("tune run" in launcher(r.route, r.strategy, r.framework) for r in rows)
+    assert not any(c.harmful for r in rows for c in r.caveats) and plan.fix is not None

@@ -172,6 +172,17 @@ def validate(setup: TrainingSetup) -> TrainingSetup:
 
 
 TORCHTUNE_CHUNKING = (0, 2, 0)  # the first torchtune release whose QLoRA runs on a chunking torchao (0.3.1)
+# torchtune's *_distributed recipes shard with FSDP2 (training.shard_model, fully_shard) from 0.3.0; FSDP1 before
+TORCHTUNE_FSDP2 = (0, 3, 0)
+TORCHTUNE_PRECISIONS = (Precision.BF16, Precision.FP32)  # its recipes' dtype: bf16 (pure) or fp32; fp16 refused
+
+
+def torchtune_strategies(setup: TrainingSetup) -> tuple[Strategy, ...]:
+    """The strategies torchtune's recipes run at the setup's release: one device, or FSDP (2 from 0.3.0) with or
+    without CPU offload."""
+    if (setup.versions.release("torchtune") or (0,)) >= TORCHTUNE_FSDP2:
+        return Strategy.SINGLE, Strategy.FSDP2, Strategy.FSDP2_OFFLOAD
+    return Strategy.SINGLE, Strategy.FSDP, Strategy.FSDP_OFFLOAD
 
 
 def _validate_torchtune_0_1_qlora(setup: TrainingSetup) -> None:

@@ -22,7 +22,7 @@ from oomlab.core.choices import BaseDtype, Method, Optimizer, Precision, Route, 
 from oomlab.core.dtypes import load_dtype
 from oomlab.core.errors import InvalidValueError
 from oomlab.core.prices import HostRam, resolve_host_ram
-from oomlab.core.setup import TORCHTUNE_CHUNKING, TrainingSetup
+from oomlab.core.setup import TORCHTUNE_CHUNKING, TrainingSetup, torchtune_strategies
 from oomlab.core.units import ceil_div, format_size
 from oomlab.core.user_input import read_user_text
 from oomlab.core.versions import Versions, pin_text
@@ -412,7 +412,8 @@ def other_launches(launch: UserLaunch) -> list[tuple[str, str, str, str]]:
     """The verdict under each plausible launch of the same training (the user's first): ``(strategy, how the weights
     load, where it fails first, per-GPU figure)``."""
     base = launch.setup
-    strategies = [base.strategy] + [s for s in PLAUSIBLE if s is not base.strategy]
+    plausible = torchtune_strategies(base) if base.versions.framework == "torchtune" else PLAUSIBLE
+    strategies = [base.strategy] + [s for s in plausible if s is not base.strategy]
     rows = []
     for strategy in strategies:
         if strategy is Strategy.SINGLE and base.world_size > 1 or strategy is Strategy.DDP and base.world_size == 1:

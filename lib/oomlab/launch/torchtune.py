@@ -38,6 +38,7 @@ from oomlab.core.errors import InvalidValueError, UnknownNameError, UnmodelledSe
 from oomlab.core.gpus import load_gpu
 from oomlab.core.models import load_model
 from oomlab.core.paths import DATA_DIR
+from oomlab.core.setup import TORCHTUNE_FSDP2
 from oomlab.core.user_input import shown
 from oomlab.core.versions import Versions, installed_versions
 from oomlab.launch.claims import Claims
@@ -51,7 +52,6 @@ from oomlab.launch.read import MAX_BATCH, MAX_LORA, MAX_SEQ, bool_value, int_val
 RELEASE_READ = (0, 6, 1)
 VERSION = "torchtune 0.6.1"
 CONFIGS_DIR = DATA_DIR / "torchtune-configs"
-FSDP2_SINCE = (0, 3, 0)  # recipes/*_distributed.py call training.shard_model (fully_shard) from v0.3.0
 _MERGE = "torchtune's key=value overrides of the YAML, torchtune/config/_parse.py"
 
 # recipe -> (method, distributed)
@@ -393,7 +393,7 @@ def _fsdp(look: Any, release: Sourced) -> dict[str, Any]:
     if hit[0] and hit[1] is not None and bool_value(hit[1], hit[2]):
         words += " offload"
     release_tuple = tuple(int(p) for p in release.value.split("."))
-    version = 2 if release_tuple >= FSDP2_SINCE else 1
+    version = 2 if release_tuple >= TORCHTUNE_FSDP2 else 1
     origin = default_origin(VERSION, f"a *_distributed recipe shards with FSDP{version} at torchtune {release.value}")
     return {"fsdp": (True, words, hit[2] if "offload" in words else origin),
             "fsdp_config": (True, {"version": version}, origin)}

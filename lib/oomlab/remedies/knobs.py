@@ -10,7 +10,7 @@ from typing import Any
 
 from oomlab.core.choices import BaseDtype, Method, Optimizer, Precision, Route, Strategy, plain
 from oomlab.core.errors import InvalidValueError
-from oomlab.core.setup import TrainingSetup, make_setup
+from oomlab.core.setup import TORCHTUNE_PRECISIONS, TrainingSetup, make_setup, torchtune_strategies
 from oomlab.remedies.remedy import Evaluator, reason
 
 # a knob's value: the member (or number) of the setup field it changes; the strategy knob also takes accelerate's
@@ -83,12 +83,22 @@ def _shown(knob: str, value: KnobValue) -> tuple[str, str]:
     return knob, str(value).lower() if isinstance(value, bool) else str(plain(value))
 
 
+def _runs(base: TrainingSetup, knob: str, value: KnobValue) -> bool:
+    """Can the user's framework run the change? torchtune's recipes: its strategies and dtypes only."""
+    if base.versions.framework != "torchtune":
+        return True
+    if knob == "strategy":
+        return value in torchtune_strategies(base)
+    return knob != "precision" or value in TORCHTUNE_PRECISIONS
+
+
 def knob_table(base: TrainingSetup, host_ram_bytes: int, outside_bytes: int | None = None,
                evaluator: Evaluator | None = None) -> tuple[KnobChange, ...]:
-    """Single-knob changes of ``base``, then every pair that fits although neither of its changes fits alone."""
+    """Single-knob changes of ``base``, then every pair that fits although neither of its changes fits alone (a
+    torchtune run's: those its recipes can run)."""
     ev_fn = evaluator or Evaluator(host_ram_bytes, outside_bytes)
     singles = [(k, v) for k, values in KNOB_VALUES.items() for v in values if getattr(base, k) != v
-               and not (base.world_size == 1 and v in ONE_GPU_SKIPPED)]
+               and not (base.world_size == 1 and v in ONE_GPU_SKIPPED) and _runs(base, k, v)]
 
     def row(changes: tuple[tuple[str, KnobValue], ...]) -> KnobChange:
         shown = tuple(_shown(k, v) for k, v in changes)

@@ -25,7 +25,7 @@ from oomlab.budget.nf4_init import runs_torchao_unchunked
 from oomlab.budget.trainers import PRECOMPUTABLE, resident_reference
 from oomlab.core.choices import BaseDtype, Loss, Method, Optimizer, Reference, Strategy, Trainer
 from oomlab.core.errors import InvalidValueError
-from oomlab.core.setup import TORCHTUNE_CHUNKING, TrainingSetup
+from oomlab.core.setup import TORCHTUNE_CHUNKING, TrainingSetup, torchtune_strategies
 from oomlab.core.units import format_size
 from oomlab.remedies.margin import Margin, margin_for
 from oomlab.remedies.remedy import Evaluation, Evaluator
@@ -217,10 +217,10 @@ class Decision:
 
 def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Step | None:
     """``rung`` applied to ``step``'s setup; None where it changes nothing (or cannot run there: under torchtune,
-    Liger's loss and DeepSpeed, which its recipes do not run)."""
+    Liger's loss and the strategies its recipes do not run)."""
     applied = _applied(rung, step, fits)
     if applied is not None and step.setup.versions.framework == "torchtune" \
-            and (rung is Rung.FUSED_LOSS or applied.setup.strategy.deepspeed):
+            and (rung is Rung.FUSED_LOSS or applied.setup.strategy not in torchtune_strategies(applied.setup)):
         return None
     return applied
 

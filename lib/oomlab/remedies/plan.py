@@ -24,7 +24,7 @@ from oomlab.core.errors import InvalidValueError, OomlabError
 from oomlab.core.gpus import GPUSpec, load_gpu
 from oomlab.core.models import ModelSpec, load_model
 from oomlab.core.prices import HOST_RAM_AUTO, resolve_host_ram
-from oomlab.core.setup import TrainingSetup, make_setup, validate
+from oomlab.core.setup import TORCHTUNE_PRECISIONS, TrainingSetup, make_setup, torchtune_strategies, validate
 from oomlab.core.units import format_size
 from oomlab.core.versions import Versions, pin_text
 from oomlab.remedies.knobs import KnobChange, knob_table
@@ -326,9 +326,17 @@ def plan_grid(spec: ModelSpec, gpu_spec: GPUSpec, gpus: int, nodes: int, *, batc
         pairs.append((Route.DEVICE_MAP, Strategy.SINGLE))
     grid = itertools.product(pairs, tuple(methods), tuple(precisions), tuple(optimizers), (False, True))
     kept = {f.name: getattr(probe, f.name) for f in fields(probe)}  # what replace(probe, ...) copies, read once
+    torchtune = probe.versions.framework == "torchtune"
+    tune_strategies = torchtune_strategies(probe) if torchtune else ()
     for (route, strategy), method, prec, opt, ckpt in grid:
         if route is Route.DEVICE_MAP and nodes > 1:
             continue  # device_map places within one node
+        if torchtune and (route is Route.DEVICE_MAP or launch_strategy(strategy, gpus * nodes) not in tune_strategies
+                          or prec not in TORCHTUNE_PRECISIONS):
+            yield Candidate(route, strategy, method, prec, opt, ckpt, None,
+                            f"dropped: torchtune's recipes run {', '.join(s.value for s in tune_strategies)} in "
+                            f"{' or '.join(p.value for p in TORCHTUNE_PRECISIONS)} only")
+            continue
         try:
             setup = validate(TrainingSetup(**{**kept, "strategy": launch_strategy(strategy, gpus * nodes),
                                               "method": method, "precision": prec, "optimizer": opt,

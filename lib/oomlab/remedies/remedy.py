@@ -180,9 +180,9 @@ def caveats(setup: TrainingSetup) -> tuple[Caveat, ...]:
         out.append(Caveat("trains low-rank adapters, not every weight (Hu et al. 2021)"))
     if setup.method is Method.QLORA:
         out.append(Caveat("trains adapters over a 4-bit NF4 base (Dettmers et al. 2023)"))
-    if setup.precision in (Precision.FP16, Precision.BF16):
+    if setup.precision in (Precision.FP16, Precision.BF16):  # torchtune's recipes have no mixed precision: its way
         out.append(Caveat("runs pure half precision, no fp32 master weights: small updates vanish "
-                          "(Micikevicius et al. 2018)", harmful=True))
+                          "(Micikevicius et al. 2018)", harmful=setup.versions.framework != "torchtune"))
     if setup.optimizer is Optimizer.SGD:
         out.append(Caveat("uses SGD with momentum instead of AdamW: different, usually worse, LLM fine-tuning",
                           harmful=True))
