@@ -318,3 +318,15 @@ def test_plan_ranks_only_what_torchtune_runs() -> None:
     assert all(r.precision in (Precision.BF16, Precision.FP32) for r in rows)
     assert all("tune run" in launcher(r.route, r.strategy, r.framework) for r in rows)
     assert not any(c.harmful and "pure half" in c.text for r in rows for c in r.caveats) and plan.fix is not None
+
+
+def test_an_assumed_release_says_so() -> None:
+    """No --versions: torchtune's release is oomlab's assumption, in the launch's field and in the budget's notes."""
+    from oomlab.budget import estimate_setup
+    from oomlab.core.versions import Origin
+    launch = _read("tune run full_finetune_single_device --config llama3_2/3B_full_single_device "
+                   "tokenizer.max_seq_len=2048 optimizer=torch.optim.AdamW optimizer.fused=True")
+    assert launch.setup.versions.origin("torchtune") is Origin.ASSUMED
+    assert launch.setup.optimizer is Optimizer.ADAMW_FUSED
+    notes = " ".join(estimate_setup(launch.setup).notes)
+    assert "torchtune 0.6.1 (assumed" in notes and "the HF Trainer's default" not in notes

@@ -309,15 +309,18 @@ def _hand_rope_bytes(setup: TrainingSetup) -> int:
     return 2 * setup.seq * setup.model.head_dim * stream_bytes(setup)
 
 
-_SUMS: BoundedMemo[tuple, tuple[int, int]] = BoundedMemo()
+_SUMS: BoundedMemo[int, tuple[tuple[SavedTensor, ...], tuple[int, int]]] = BoundedMemo()
 
 
 def _sums(inventory: tuple[SavedTensor, ...]) -> tuple[int, int]:
-    """(bytes per token, fixed bytes) of an inventory, memoised by identity of the cached tuple."""
-    key = id(inventory)
-    if key not in _SUMS:
-        _SUMS[key] = (sum(t.bytes_per_token for t in inventory), sum(t.bytes_fixed for t in inventory))
-    return _SUMS[key]
+    """(bytes per token, fixed bytes) of an inventory, memoised by identity of the cached tuple.  Each entry keeps its
+    tuple alive and is checked to be it: an id is reused once its object is freed (an inventory evicted from
+    ``_INVENTORIES``), and a bare id key then returned another inventory's sums."""
+    entry = _SUMS.get(id(inventory))
+    if entry is None or entry[0] is not inventory:
+        entry = (inventory, (sum(t.bytes_per_token for t in inventory), sum(t.bytes_fixed for t in inventory)))
+        _SUMS[id(inventory)] = entry
+    return entry[1]
 
 
 def tokens(setup: TrainingSetup) -> int:

@@ -122,8 +122,14 @@ def launch_note(setup: TrainingSetup) -> str:
         precision += ("; the frozen base kept in fp32 as from_pretrained loaded it (base dtype float32), autocast's "
                       f"{half} copies of its weights made per op and kept for backward, peft's adapters in fp32")
     elif setup.method is not Method.FULL and setup.precision is not Precision.FP32:
-        precision += f"; the frozen base stored in {half}, peft's adapters in fp32"
-    return precision + "; " + _OPTIMIZER_NOTES[setup.optimizer]
+        # torchtune's LoRA modules built under its dtype, as frameworks.torchtune_states budgets them on one device
+        own = setup.versions.framework == "torchtune" and not (setup.strategy.fsdp or setup.strategy.deepspeed)
+        precision += (f"; the frozen base stored in {half}, " + (f"torchtune's adapters in {half}" if own else
+                                                                   "peft's adapters in fp32"))
+    optimizer = _OPTIMIZER_NOTES[setup.optimizer]
+    if setup.versions.framework != "transformers":  # the Trainer's default is no default of torchtune's or litgpt's
+        optimizer = optimizer.replace(", the HF Trainer's default (adamw_torch_fused)", "")
+    return precision + "; " + optimizer
 
 
 _VERSIONS_NOTES: BoundedMemo[tuple, tuple[str, ...]] = BoundedMemo()

@@ -17,7 +17,7 @@ import enum
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, cached_property
 from importlib import metadata
 
@@ -73,6 +73,7 @@ class Origin(enum.Enum):
     GIVEN = "given"  # the user named it
     PINNED = "pinned by the framework"  # not given: the release the user's framework release pins (FRAMEWORK_PINS)
     INSTALLED = "installed"  # not given: the release installed beside oomlab
+    ASSUMED = "assumed: the release oomlab reads; give yours"  # a framework launched with no release named
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Versions:
 
     given: tuple[tuple[str, Release], ...] = ()
     installed: tuple[tuple[str, Release], ...] = ()
+    assumed: tuple[str, ...] = ()  # given packages whose release is oomlab's assumption (a launch named no release)
 
     def release(self, package: str) -> Release | None:
         """The release of ``package`` (given first, else installed), or ``None`` where neither has it."""
@@ -101,6 +103,8 @@ class Versions:
         return None
 
     def origin(self, package: str) -> Origin | None:
+        if package in self.assumed:
+            return Origin.ASSUMED
         if any(name == package for name, _ in self.given):
             return Origin.GIVEN
         if package not in FRAMEWORKS and self._pinned(package) is not None:
@@ -126,7 +130,13 @@ class Versions:
                 given.pop(package, None)
             else:
                 given[package] = release
-        return Versions(tuple(sorted(given.items())), self.installed)
+        return Versions(tuple(sorted(given.items())), self.installed,
+                        tuple(p for p in self.assumed if p not in releases))
+
+    def assuming(self, **releases: Release) -> Versions:
+        """A copy with these packages at these releases, each marked as oomlab's assumption (``origin``: ASSUMED)."""
+        given = self.with_given(**releases)
+        return replace(given, assumed=tuple(sorted({*given.assumed, *releases})))
 
     def describe(self) -> str:
         """``transformers 4.31.0 (given), peft 0.21.2 (installed), ...`` for the budget's notes."""

@@ -376,6 +376,15 @@ def smallest_fix(launch: UserLaunch, decision: Decision, files: tuple[ChangedFil
                tuple(_how(launch, s) for s in decision.steps), _fix_launch(launch, decision, files), files)
 
 
+def own_framework_launch(launch: UserLaunch, decision: Decision | None) -> str | None:
+    """The user's own framework command (torchtune's ``tune run``) with every change of ``decision``, where oomlab
+    writes no launch files of its own (None: a transformers launch, no command, or nothing to change)."""
+    if launch.command is None or decision is None or launch.setup.versions.framework == "transformers":
+        return None
+    fix = smallest_fix(launch, decision)
+    return None if fix is None else fix.launch
+
+
 def decide(launch: UserLaunch, host_ram_bytes: int) -> Decision:
     """The one decision procedure on the user's launch: the ladder, each rung's launch also walked through its load
     path (a rung that cannot get the weights onto the GPUs, or whose processes' load exceeds the node's host RAM, does

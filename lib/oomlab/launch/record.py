@@ -9,6 +9,7 @@ The record carries the model's ``config.json`` fields themselves, so a notebook 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,8 @@ def setup_record(setup: TrainingSetup) -> dict[str, Any]:
             "offload_activations": setup.offload_activations, "optimizer_in_backward": setup.optimizer_in_backward,
             "lora_rank": setup.lora_rank, "lora_alpha": setup.lora_alpha, "lora_targets": list(setup.lora_targets),
             # the user's pins only (the installed releases are the reading machine's, as when the setup was made)
-            "versions": {name: ".".join(map(str, release)) for name, release in setup.versions.given}}
+            "versions": {name: ".".join(map(str, release)) for name, release in setup.versions.given},
+            "assumed_versions": list(setup.versions.assumed)}
 
 
 def setup_of(record: dict[str, Any]) -> TrainingSetup:
@@ -75,7 +77,8 @@ def setup_of(record: dict[str, Any]) -> TrainingSetup:
         offload_activations=record.get("offload_activations", False),
         optimizer_in_backward=record.get("optimizer_in_backward", False),  # a record from before the field: False
         lora_rank=record["lora_rank"], lora_alpha=record["lora_alpha"], lora_targets=tuple(record["lora_targets"]),
-        versions=versions_from(record.get("versions", {}))))
+        versions=replace(versions_from(record.get("versions", {})),
+                         assumed=tuple(record.get("assumed_versions", ())))))
 
 
 def _origin_of(d: dict[str, Any]) -> Origin:

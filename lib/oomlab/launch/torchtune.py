@@ -133,7 +133,7 @@ def release_of(versions: Versions | None) -> tuple[Versions, Sourced]:
         text = ".".join(map(str, given))
         return base, Sourced(text, flag_origin(f"--versions torchtune=={text}"))
     text = ".".join(map(str, RELEASE_READ))
-    return base.with_given(torchtune=RELEASE_READ), Sourced(text, assumed(
+    return base.assuming(torchtune=RELEASE_READ), Sourced(text, assumed(
         f"torchtune {text}, the release oomlab reads: give --versions torchtune==X for yours"))
 
 

@@ -93,9 +93,11 @@ def budget_results(case: Mapping[str, Any], gpu: GPUSpec, gpus: int, outside_byt
 
 def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None, config_dir: Path,
                  written: Mapping[str, Path], placement: DeviceMapPlacement | None, fit_maps: Sequence[FitMap],
-                 checks: Mapping[str, Verification], run_dir: str | Path | None = None) -> dict[str, Any]:
+                 checks: Mapping[str, Verification], run_dir: str | Path | None = None,
+                 own_launch: str | None = None) -> dict[str, Any]:
     """Notebook 03's results: every remedy, the knob table, the fix and its launch files, the small-scale checks;
-    paths relative to ``run_dir`` (the run's folder, where the report lives) when given."""
+    paths relative to ``run_dir`` (the run's folder, where the report lives) when given; ``own_launch``: the user's
+    own framework command with the fix (:func:`oomlab.launch.check.own_framework_launch`; None: oomlab's files)."""
     rec = plan.recommended
 
     def where(path: Path) -> str:
@@ -109,6 +111,7 @@ def plan_results(case: Mapping[str, Any], plan: Plan, launch_command: str | None
         "knobs": [k.to_dict() for k in plan.knobs],
         "recommended": rec.to_dict() if rec else None,
         "launch_command": launch_command,
+        "own_launch": own_launch,
         "config_dir": where(config_dir),
         "config_files": {name: where(path) for name, path in written.items()},
         "device_map": placement.to_dict() if placement else None,

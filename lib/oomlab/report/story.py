@@ -347,6 +347,10 @@ def recommended_fix(r: dict[str, Any]) -> str:
     head = (f"**{md_text(rec['name'])}** — per-GPU peak {format_size(rec['per_gpu_peak_bytes'])}, host RAM "
             f"{format_size(rec['host_ram_bytes'])}.{ladder}")
     framework = (r.get("budget") or {}).get("configured", {}).get("framework", "transformers")
+    if plan.get("own_launch"):  # the user's own torchtune command with every change (oomlab.launch.check)
+        return (head + f"oomlab writes no launch file for {md_text(framework)}; your launch with every change, as "
+                f"{md_text(framework)} reads it (keep the margin):\n\n"
+                f"<pre>{esc(shell_lines(plan['own_launch'], overrides=True))}</pre>")
     if not plan.get("launch_command") and framework != "transformers":  # torchtune's or litgpt's own launcher
         return (head + f"oomlab writes no launch file for {md_text(framework)} (its `train.py` is a transformers + "
                 f"peft script): make the changes above in your own {md_text(framework)} launch -- an upgrade as a "
@@ -360,12 +364,13 @@ def recommended_fix(r: dict[str, Any]) -> str:
             f"every command); run there:\n\n<pre>{esc(shell_lines(plan['launch_command']))}</pre>")
 
 
-def shell_lines(command: str, width: int = 48) -> str:
+def shell_lines(command: str, width: int = 48, overrides: bool = False) -> str:
     """A long shell command as continued lines (`` \\`` at each end), broken only before an option (kept with its
-    value), so a narrow screen never wraps it inside a flag or a path and it still pastes as one command."""
+    value; with ``overrides``, also before a ``key=value`` / ``~key`` word, torchtune's), so a narrow screen never
+    wraps it inside a flag or a path and it still pastes as one command."""
     groups: list[str] = []
     for word in command.split(" "):
-        if word.startswith("--") or not groups:
+        if word.startswith("--") or not groups or overrides and ("=" in word or word.startswith("~")):
             groups.append(word)
         else:
             groups[-1] += " " + word
