@@ -136,7 +136,7 @@ def test_a_user_yaml_every_decisive_field(tmp_path: Path) -> None:
     ("model.quantize_base=True", "method", Method.QLORA),
     ("dtype=fp32", "precision", Precision.FP32),
     ("dtype=None", "precision", Precision.FP32),
-    ("enable_activation_offloading=True", "offload_activations", True),
+    ("enable_activation_checkpointing=True enable_activation_offloading=True", "offload_activations", True),
     ("enable_activation_checkpointing=true", "checkpointing", True),
     ("batch_size=1", "batch", 1),
     ("tokenizer.max_seq_len=8192", "seq", 8192),
@@ -160,7 +160,7 @@ def test_a_paged_optimizer_is_listed(tmp_path: Path) -> None:
     ("tune run lora_finetune_single_device --config llama3_2/3B_nope", {}, UnknownNameError,
      "llama3_2/3B_qlora_single_device"),
     ("tune run lora_finetune_single_device", {}, InvalidValueError, "needs --config"),
-    ("tune run lora_finetune_single_device --config {y} dtype=fp16", {}, InvalidValueError, "bf16 or fp32"),
+    ("tune run lora_finetune_single_device --config {y} dtype=fp16", {}, InvalidValueError, "refuse fp16"),
     ("tune run full_finetune_single_device --config {y}", {}, InvalidValueError, "use a base builder"),
     ("tune run --nproc_per_node 2 lora_finetune_single_device --config {y}", {}, InvalidValueError,
      "does not support distributed training"),
@@ -175,11 +175,29 @@ def test_a_paged_optimizer_is_listed(tmp_path: Path) -> None:
      "bitsandbytes.optim.AdamW8bit"),
     ("tune run lora_finetune_single_device --config {y} loss=torchtune.modules.loss.LinearCrossEntropyLoss", {},
      UnmodelledSettingError, "not budgeted"),
-    ("tune run lora_finetune_single_device --config {y} model.apply_lora_to_output=True", {},
-     UnmodelledSettingError, "output head"),
     ("tune run --nproc_per_node 2 lora_finetune_distributed --config {y} ac_mode=selective", {},
      UnmodelledSettingError, "selective"),
     ("tune download meta-llama/Llama-3.2-3B", {}, InvalidValueError, "does not train"),
+    ("tune run lora_finetune_single_device --config {y} enable_activation_offloading=True", {}, InvalidValueError,
+     "should only be True when enable_activation_checkpointing"),
+    ("tune run lora_finetune_single_device --config {y} ~loss", {}, InvalidValueError, "removing a component"),
+    ("tune run lora_finetune_single_device --config {y} ~dataset.nope", {}, InvalidValueError,
+     "no dataset.nope to remove"),
+    ("tune run lora_finetune_single_device --config {y} dtype=BF16", {}, InvalidValueError, "lower case"),
+    ("tune run lora_finetune_single_device --config {y} --batch_size 64", {}, InvalidValueError,
+     "Additional flag arguments"),
+    ("tune run lora_finetune_distributed --config {y}", {}, InvalidValueError, "distributed launcher"),
+    ("tune run --standalone lora_finetune_single_device --config {y}", {}, InvalidValueError,
+     "does not support distributed"),
+    ("tune run lora_finetune_single_device --config {y} model.use_dora=True", {}, UnmodelledSettingError, "DoRA"),
+    ("tune run lora_finetune_single_device --config {y} model=torchtune.models.qwen2_5.qlora_qwen2_5_7b_instruct",
+     {}, InvalidValueError, "quantize_base=True"),
+    ("tune run --nproc_per_node 2 lora_finetune_distributed --config {y} optimizer=bitsandbytes.optim.AdamW8bit "
+     "~optimizer.fused", {}, InvalidValueError, "single-device recipes"),
+    ("tune run full_finetune_single_device --config {y} optimizer_in_bwd=True", {
+        "model___component_": "torchtune.models.llama3_1.llama3_1_8b", "model__lora_attn_modules": None,
+        "model__apply_lora_to_mlp": None, "model__lora_rank": None, "model__lora_alpha": None},
+     InvalidValueError, "Gradient accumulation is not supported with optimizer in bwd"),
 ])
 def test_refused(tmp_path: Path, command: str, changes: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
@@ -187,11 +205,33 @@ def test_refused(tmp_path: Path, command: str, changes: dict, error: type, match
 
 
 def test_bf16_where_the_gpu_lacks_it(tmp_path: Path) -> None:
-    """torchtune raises for bf16 on a T4 (training/precision.py :113-120); fp32 is the way it runs there."""
-    with pytest.raises(InvalidValueError, match="lacks bf16"):
+    """bf16 on a T4: refused with torchtune's way out (fp32: it has no fp16 or mixed precision)."""
+    with pytest.raises(InvalidValueError, match="use dtype=fp32"):
         _read(f"tune run lora_finetune_single_device --config {_yaml(tmp_path)}", gpu="t4")
     assert _read(f"tune run lora_finetune_single_device --config {_yaml(tmp_path)} dtype=fp32",
                  gpu="t4").setup.precision is Precision.FP32
+
+
+def test_every_override_not_read_is_listed(tmp_path: Path) -> None:
+    """An override oomlab does not read is listed, whether or not the YAML has the key."""
+    launch = _read(f"tune run lora_finetune_single_device --config {_yaml(tmp_path)} "
+                   "fsdp_reshard_after_forward=False model.lora_dropout=0.1 some.typo=3 "
+                   "model.apply_lora_to_output=True")
+    listed = {str(u.origin): u.why for u in launch.unmodelled}
+    assert "output head's LoRA adapter, 16 × (4096 + 128256)" in listed["flag model.apply_lora_to_output=True"]
+    assert "not modelled" in listed["flag fsdp_reshard_after_forward=False"]
+    assert "not modelled" in listed["flag some.typo=3"]
+    assert listed["flag model.lora_dropout=0.1"] == "does not change GPU memory"
+
+
+def test_every_built_in_config_reads() -> None:
+    """Each copied config of a single-device recipe reads as torchtune runs it (a length given where it has none)."""
+    for name, entry in json.loads((CONFIGS_DIR / "index.json").read_text())["configs"].items():
+        for recipe in entry["recipes"]:
+            nproc = "--nproc_per_node 2 " if recipe.endswith("distributed") else ""
+            launch = _read(f"tune run {nproc}{recipe} --config {name} tokenizer.max_seq_len=1024", gpu="h100-80gb")
+            assert launch.setup.model.name == builder_model(yaml.safe_load(
+                (CONFIGS_DIR / entry["file"]).read_text())["model"]["_component_"]), name
 
 
 def test_an_unpacked_dataset_with_no_cap_takes_seq(tmp_path: Path) -> None:
@@ -330,3 +370,58 @@ def test_an_assumed_release_says_so() -> None:
     assert launch.setup.optimizer is Optimizer.ADAMW_FUSED
     notes = " ".join(estimate_setup(launch.setup).notes)
     assert "torchtune 0.6.1 (assumed" in notes and "the HF Trainer's default" not in notes
+
+
+def test_notes_follow_the_framework_whatever_was_budgeted_before() -> None:
+    """The launch note is memoised: a torchtune setup budgeted first must not give an HF setup its adapters' words."""
+    from oomlab.budget import estimate_setup
+    kwargs = {"model": "llama-3.2-3b", "gpu": "a100-80gb", "gpus": 1, "method": "lora", "precision": "bf16",
+              "optimizer": "adamw-fused"}
+    tune = " ".join(estimate_setup(make_setup(**kwargs, versions={"torchtune": "0.6.1"})).notes)
+    hf = " ".join(estimate_setup(make_setup(**kwargs)).notes)
+    assert "torchtune's adapters in bf16" in tune and "HF Trainer's default" not in tune
+    assert "peft's adapters in fp32" in hf and "HF Trainer's default" in hf
+
+
+def test_accumulation_turns_optimizer_in_backward_off() -> None:
+    """torchtune accumulates only without optimizer_in_bwd: a smaller micro-batch fix says optimizer_in_bwd=False, and
+    reads back as the setup it budgeted."""
+    fix, again = _relaunch("tune run full_finetune_single_device --config llama3_2/3B_full_single_device "
+                           "batch_size=8 tokenizer.max_seq_len=4096", "rtx-4090")
+    assert "gradient_accumulation_steps=4 optimizer_in_bwd=False" in fix.launch and not fix.setup.optimizer_in_backward
+    assert again.setup == fix.setup
+
+
+@pytest.mark.parametrize("given, fused_words", [
+    ("~optimizer.fused", ["~optimizer.fused"]),  # dropped once, not twice
+    ("optimizer.fused=True", ["~optimizer.fused"]),  # the override goes, the YAML's key with it
+])
+def test_an_8bit_fix_leaves_no_fused(tmp_path: Path, given: str, fused_words: list[str]) -> None:
+    from oomlab.launch import torchtune_fix
+    launch = _read(f"tune run lora_finetune_single_device --config {_yaml(tmp_path)} {given}")
+    text = torchtune_fix.fixed(launch, [("optimizer", launch.setup.with_(optimizer=Optimizer.ADAMW_8BIT))], 1, set())
+    assert [w for w in text.split() if "optimizer.fused" in w] == fused_words
+    assert _read(text).setup.optimizer is Optimizer.ADAMW_8BIT
+
+
+def test_qlora_where_the_family_has_no_qlora_builder() -> None:
+    """Qwen2.5 has lora_ builders only: its QLoRA is model.quantize_base=True, and reads back as QLoRA."""
+    fix, again = _relaunch("tune run lora_finetune_single_device --config qwen2_5/7B_lora_single_device "
+                           "tokenizer.max_seq_len=8192 batch_size=8", "l4")
+    assert fix.setup.method is Method.QLORA
+    assert "model.quantize_base=True" in fix.launch and "qlora_" not in fix.launch
+    assert again.setup == fix.setup
+
+
+def test_no_8bit_optimizer_under_torchtune_fsdp() -> None:
+    setup = make_setup(model="llama-3.1-70b", gpu="a100-80gb", gpus=8, strategy="fsdp2", method="full",
+                       precision="bf16", versions={"torchtune": "0.6.1"})
+    assert _apply(Rung.OPTIMIZER_8BIT, Step(Rung.FUSED_OPTIMIZER, setup, 1), lambda s: True) is None
+
+
+def test_a_quoted_value_is_never_cut() -> None:
+    from oomlab.report.story import shell_lines
+    text = shell_lines("tune run lora_finetune_single_device --config c.yaml 'metric_logger.name=run a=b' batch_size=1",
+                       overrides=True)
+    assert "'metric_logger.name=run a=b'" in text.replace(" \\\n    ", " ")
+    assert all(line.count("'") % 2 == 0 for line in text.splitlines())

@@ -193,7 +193,7 @@ def sft_estimate(setup: TrainingSetup, outside_bytes: int | None = None,
     components[MemCategory.ALLOCATOR_OVERHEAD] = round(ALLOCATOR_FRAGMENTATION * transient) + 2 * MiB
     components[MemCategory.OUTSIDE_PYTORCH] = outside
     key = (setup.strategy, setup.precision, setup.method, setup.optimizer, states.kbit_upcast(setup),
-           states.fp32_loaded_base(setup))
+           states.fp32_loaded_base(setup), setup.versions.framework)  # every input of launch_note
     if key not in _LAUNCH_NOTES:
         _LAUNCH_NOTES[key] = launch_note(setup)
     notes = (

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import IO, Any
@@ -24,6 +25,15 @@ USER_FILE_MAX_BYTES = 4 * 2**20  # a launch file, config.json, price table or OO
 MAX_NESTING = 64  # JSON / YAML depth: DeepSpeed's and accelerate's configs nest 3 deep
 MAX_INT_DIGITS = 30  # an integer a user may write (10**30 bytes is far beyond any GPU or host)
 SHOWN_CHARS = 120  # the longest piece of a user's value an error message repeats
+
+
+_SHELL_WORD = re.compile(r"""(?:[^\s'"]+|'[^']*'|"[^"]*")+""")  # quoted spaces stay inside their word
+
+
+def shell_words(text: str) -> list[str]:
+    """A command line's words as the shell splits them, each kept as written (its quotes too): a command can be cut
+    or edited between words without changing a quoted value."""
+    return _SHELL_WORD.findall(text)
 
 
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:

@@ -69,6 +69,10 @@ BUILDERS = {
     **{f"qwen2_5_{size}b_{kind}": f"qwen2.5-{size}b" for size in (7, 14, 32, 72) for kind in ("base", "instruct")},
 }
 _BUILDER = re.compile(r"torchtune\.models\.\w+\.(q?lora_)?(\w+)")
+# the model packages with qlora_ builders at v0.6.1 (torchtune/models/<package>/__init__.py); the others (qwen2,
+# qwen2_5) quantize their lora_ builders' base with model.quantize_base=True
+QLORA_PACKAGES = frozenset({"llama2", "llama3_1", "llama3_2", "llama3_3", "mistral", "gemma", "gemma2", "phi3",
+                            "phi4"})
 
 # torchtune's LoRA module names -> the model's module names, the first the model has (fused families: qkv_proj)
 _TARGETS = {"q_proj": ("q_proj", "qkv_proj"), "k_proj": ("k_proj", "qkv_proj"), "v_proj": ("v_proj", "qkv_proj"),
@@ -78,24 +82,27 @@ _MLP = {"w1": ("gate_proj", "gate_up_proj"), "w3": ("up_proj", "gate_up_proj"), 
 # optimizer._component_ -> the optimizer budgeted
 _OPTIMIZERS = {"torch.optim.AdamW": Optimizer.ADAMW, "torch.optim.SGD": Optimizer.SGD,
                "bitsandbytes.optim.AdamW8bit": Optimizer.ADAMW_8BIT,
-               "bitsandbytes.optim.PagedAdamW8bit": Optimizer.ADAMW_8BIT}
+               "bitsandbytes.optim.PagedAdamW8bit": Optimizer.ADAMW_8BIT,
+               "bitsandbytes.optim.PagedAdamW": Optimizer.ADAMW}  # 32-bit paged (the *_full_low_memory configs)
 # loss._component_ -> the loss kernel (CEWithChunkedOutputLoss: compiled per chunk under compile: True)
 _CHUNKED = "torchtune.modules.loss.CEWithChunkedOutputLoss"
 _LOSSES = (_CHUNKED, "torch.nn.CrossEntropyLoss")
 
 READ = frozenset({
     "model._component_", "model.lora_attn_modules", "model.apply_lora_to_mlp", "model.apply_lora_to_output",
-    "model.lora_rank", "model.lora_alpha", "model.quantize_base", "model.lora_dropout", "batch_size",
+    "model.lora_rank", "model.lora_alpha", "model.quantize_base", "model.use_dora", "batch_size",
     "gradient_accumulation_steps", "dtype", "enable_activation_checkpointing", "enable_activation_offloading",
     "optimizer_in_bwd", "compile", "loss._component_", "optimizer._component_", "optimizer.fused",
-    "tokenizer.max_seq_len", "dataset.packed", "fsdp_cpu_offload", "tensor_parallel_dim", "ac_mode", "device",
+    "tokenizer.max_seq_len", "dataset.packed", "fsdp_cpu_offload", "tensor_parallel_dim", "ac_mode",
+    "clip_grad_norm",
 })
-# keys that decide nothing the budget holds
+# keys (and key prefixes) that decide nothing the budget holds
 _HARMLESS = ("output_dir", "checkpointer", "tokenizer", "dataset", "seed", "shuffle", "epochs", "max_steps_per_epoch",
-             "lr_scheduler", "metric_logger", "log_every_n_steps", "log_peak_memory_stats", "profiler", "optimizer",
-             "resume_from_checkpoint", "save_adapter_weights_only", "loss", "clip_grad_norm", "run_val_every_n_steps",
-             "log_level", "cudnn_deterministic_mode", "enable_async_checkpointing", "collate_fn", "low_cpu_ram",
-             "custom_sharded_layers", "fsdp_reshard_after_forward", "model")
+             "lr_scheduler", "metric_logger", "log_every_n_steps", "log_peak_memory_stats", "profiler",
+             "optimizer.lr", "optimizer.weight_decay", "optimizer.betas", "optimizer.eps", "resume_from_checkpoint",
+             "save_adapter_weights_only", "run_val_every_n_steps", "log_level", "cudnn_deterministic_mode",
+             "enable_async_checkpointing", "collate_fn", "model.lora_dropout", "device")
+_DTYPES = ("bf16", "fp32")  # training/precision.py PRECISION_STR_TO_DTYPE, less fp16 (the recipes refuse it)
 
 
 def builder_model(component: str) -> str | None:
@@ -203,17 +210,14 @@ def read_torchtune(claims: Claims, cmd: LaunchCommand, command_dir: str | None, 
                          Sourced(Trainer.SFT, default_origin(VERSION, f"{recipe}: supervised fine-tuning")),
                          unmodelled=unmodelled, files=[] if builtin else [config.path], versions=full_versions,
                          release=release)
-    if cmd.option("--nproc_per_node", "--nproc-per-node", "--nnodes") and not distributed:
-        raise InvalidValueError(f"{cmd.text!r}: {recipe} does not support distributed training; torchtune refuses "
-                                "torchrun options with it (torchtune/_cli/run.py :206-211): use its *_distributed "
-                                "recipe")
+    _launcher_rules(cmd, recipe, distributed, config)
     model = _model(look, method)
     read.refs["model"] = (True, model, look("model._component_")[2])
     package, _, builder = str(look("model._component_")[1]).rpartition(".")
-    read.values = {"recipe": recipe, "builder_package": package,
+    read.values = {"recipe": recipe, "distributed": distributed, "builder_package": package,
                    "builder_base": re.sub(r"^q?lora_", "", builder),
                    "yaml_keys": tuple(sorted(k for k, _ in config.leaves()))}
-    _adapters(claims, look, method, model)
+    _adapters(claims, look, method, model, read.unmodelled)
     _precision(claims, look, gpu)
     _counts(claims, look)
     _sequence(claims, look)
@@ -224,8 +228,33 @@ def read_torchtune(claims: Claims, cmd: LaunchCommand, command_dir: str | None, 
     _optimizer(claims, look, read)
     if distributed:
         read.refs.update(_fsdp(look, release))
-    read.unmodelled += _unread(config, layered)
+    read.unmodelled += _unread(config, cmd, layered)
     return read
+
+
+def _launcher_rules(cmd: LaunchCommand, recipe: str, distributed: bool, config: LaunchFile) -> None:
+    """What tune run and torchtune's config parser refuse, refused here with their words."""
+    if cmd.options and not distributed:
+        raise InvalidValueError(f"{cmd.text!r}: {recipe} does not support distributed training; tune run refuses "
+                                "torchrun options with it (torchtune/_cli/run.py :206-211): drop them, or use its "
+                                "*_distributed recipe")
+    if distributed and not cmd.options:
+        raise InvalidValueError(f"{cmd.text!r}: {recipe} without torchrun options runs as one plain process, which "
+                                "its recipe refuses ('should be run via a distributed launcher'): launch it as "
+                                f"tune run --nproc_per_node N {recipe} ...")
+    for key, _value in cmd.flags:
+        if key.startswith("-") and key != "--config":
+            raise InvalidValueError(f"{cmd.text!r}: {key} after the recipe: torchtune takes only --config and "
+                                    "key=value overrides there ('Additional flag arguments not supported', "
+                                    "config/_parse.py :50-56); write it as key=value")
+        if key.startswith("~"):
+            dotted = key[1:]
+            if "_component_" in dotted or config.has(f"{dotted}._component_"):
+                raise InvalidValueError(f"{cmd.text!r}: {key}: torchtune refuses removing a component from the "
+                                        "command line (config/_utils.py :154-157)")
+            if not config.has(dotted):
+                raise InvalidValueError(f"{cmd.text!r}: {key}: the config has no {dotted} to remove; torchtune raises "
+                                        "'Could not find key' (config/_utils.py :158-164)")
 
 
 def _model(look: Any, method: Method) -> str:
@@ -238,13 +267,17 @@ def _model(look: Any, method: Method) -> str:
                                sorted(f"[q]lora_{b}" if method is Method.LORA else b for b in BUILDERS),
                                "the builders of models oomlab ships (torchtune.models.<family>.<builder>)")
     lora = re.search(r"\.q?lora_", str(hit[1])) is not None
+    package = str(hit[1]).split(".")[2] if str(hit[1]).count(".") >= 3 else ""
+    if ".qlora_" in str(hit[1]) and package not in QLORA_PACKAGES:
+        raise InvalidValueError(f"{hit[2]}: torchtune.models.{package} has no qlora_ builders; use its lora_ builder "
+                                "with model.quantize_base=True")
     if lora != (method is Method.LORA):
         raise InvalidValueError(f"{hit[2]}: {hit[1]} in a {'LoRA' if method is Method.LORA else 'full'} fine-tuning "
                                 f"recipe; use a {'lora_ or qlora_' if method is Method.LORA else 'base'} builder")
     return model
 
 
-def _adapters(claims: Claims, look: Any, method: Method, model: str) -> None:
+def _adapters(claims: Claims, look: Any, method: Method, model: str, unmodelled: list[Unmodelled]) -> None:
     builder = look("model._component_")
     if method is Method.FULL:  # and what its LoRA builders default to, should a fix add adapters
         say_default(claims, "method", Method.FULL, VERSION, "a full fine-tuning recipe: every parameter trains")
@@ -284,22 +317,31 @@ def _adapters(claims: Claims, look: Any, method: Method, model: str) -> None:
         for candidates in _MLP.values():
             targets[next((n for n in candidates if n in names), candidates[0])] = None
     claims.say("lora_targets", tuple(targets), modules[2])
+    dora = look("model.use_dora")
+    if dora[0] and dora[1] is not None and bool_value(dora[1], dora[2]):
+        raise refuse("model.use_dora", dora[1], dora[2], "DoRA (a magnitude vector per adapted projection and the "
+                     "weight norms it computes in every forward)")
     output = look("model.apply_lora_to_output")
     if output[0] and output[1] is not None and bool_value(output[1], output[2]):
-        raise refuse("model.apply_lora_to_output", output[1], output[2], "a LoRA adapter on the output head (oomlab "
-                     "budgets adapters on the decoder layers' projections)")
+        spec = load_model(model)
+        rank = look("model.lora_rank")
+        r = int_value(rank[1], rank[2], MAX_LORA) if rank[0] and rank[1] is not None else 8
+        unmodelled.append(Unmodelled(output[2], output[1], f"the output head's LoRA adapter, {r} × ({spec.hidden_size} "
+                                     f"+ {spec.vocab_size}) parameters with their gradients and optimizer state, is "
+                                     "not budgeted (oomlab budgets adapters on the decoder layers' projections)"))
 
 
 def _precision(claims: Claims, look: Any, gpu: str) -> None:
     hit = look("dtype")
-    name = "fp32" if not hit[0] or hit[1] is None else str(hit[1]).lower()
-    if name not in ("bf16", "fp32"):
-        raise InvalidValueError(f"{hit[2]}: dtype {shown(hit[1])}: torchtune trains in bf16 or fp32 (fp16 is refused "
-                                "by its recipes; training/precision.py :100-111)")
-    if name == "bf16" and not load_gpu(gpu).bf16:
-        raise InvalidValueError(f"{hit[2]}: dtype bf16 on {gpu}, which lacks bf16: torchtune raises 'bf16 precision "
-                                "was requested but not available on this hardware' (training/precision.py "
-                                ":113-120); use dtype=fp32")
+    name = "fp32" if not hit[0] or hit[1] is None else str(hit[1])
+    if name not in _DTYPES:
+        raise InvalidValueError(f"{hit[2]}: dtype {shown(hit[1])}: oomlab budgets torchtune's {' and '.join(_DTYPES)} "
+                                "(its recipes refuse fp16; training/precision.py :104-111 spells them in lower case)")
+    if name == "bf16" and not load_gpu(gpu).bf16:  # the setup's own rule: no bf16 on a GPU without its units
+        raise InvalidValueError(f"{hit[2]}: dtype bf16 on {gpu}, which has no bf16 units: torchtune either refuses it "
+                                "(training/precision.py :113-120) or, where torch emulates bf16, runs it slowly; "
+                                "oomlab budgets no emulated bf16: use dtype=fp32 (torchtune has no fp16 or mixed "
+                                "precision)")
     precision = Precision.BF16 if name == "bf16" else Precision.FP32
     if hit[0] and hit[1] is not None:
         claims.say("precision", precision, hit[2])
@@ -340,6 +382,12 @@ def _memory(claims: Claims, look: Any, recipe: str, read: FrameworkRead) -> None
             claims.say(name, bool_value(hit[1], hit[2]), hit[2])
         else:
             say_default(claims, name, False, VERSION, f"{key} False (recipes/{recipe}.py :160-165)")
+    offload, checkpoint = look("enable_activation_offloading"), look("enable_activation_checkpointing")
+    if offload[0] and offload[1] is not None and bool_value(offload[1], offload[2]) \
+            and not (checkpoint[0] and checkpoint[1] is not None and bool_value(checkpoint[1], checkpoint[2])):
+        raise InvalidValueError(f"{offload[2]}: enable_activation_offloading without enable_activation_checkpointing: "
+                                f"torchtune raises 'should only be True when enable_activation_checkpointing is True' "
+                                f"(recipes/{recipe}.py :170-175); set enable_activation_checkpointing=True")
     hit = look("ac_mode")
     if hit[0] and str(hit[1]).strip().lower() == "selective":
         raise refuse("ac_mode", hit[1], hit[2], "torchtune's selective activation checkpointing")
@@ -352,6 +400,8 @@ def _memory(claims: Claims, look: Any, recipe: str, read: FrameworkRead) -> None
         read.unmodelled.append(Unmodelled(compiled[2], compiled[1], "torch.compile of each layer: budgeted as the "
                                           "eager model (its activations are usually at or below it)"))
     loss = look("loss._component_")
+    if not loss[0] or loss[1] is None:
+        raise InvalidValueError(f"{loss[2]}: no loss._component_; torchtune's recipes instantiate cfg.loss")
     if loss[0] and loss[1] is not None:
         if loss[1] not in _LOSSES:
             raise UnmodelledSettingError(f"{loss[2]}: loss {shown(loss[1])} is not budgeted; oomlab budgets "
@@ -362,8 +412,16 @@ def _memory(claims: Claims, look: Any, recipe: str, read: FrameworkRead) -> None
     if hit[0] and hit[1] is not None and bool_value(hit[1], hit[2]):
         if recipe.startswith("lora"):
             read.unmodelled.append(Unmodelled(hit[2], hit[1], f"{recipe} does not read optimizer_in_bwd"))
-        else:
-            claims.say("optimizer_in_backward", True, hit[2])
+            return
+        for key, refused in (("gradient_accumulation_steps", "Gradient accumulation"), ("clip_grad_norm",
+                                                                                          "Gradient clipping")):
+            other = look(key)
+            if other[0] and other[1] is not None and (key == "clip_grad_norm" or int_value(
+                    other[1], other[2], 1 << 20) > 1):
+                raise InvalidValueError(f"{other[2]}: {key} {shown(other[1])} with optimizer_in_bwd ({hit[2]}): "
+                                        f"torchtune raises '{refused} is not supported with optimizer in bwd' "
+                                        f"(recipes/{recipe}.py :146-157)")
+        claims.say("optimizer_in_backward", True, hit[2])
 
 
 def _optimizer(claims: Claims, look: Any, read: FrameworkRead) -> None:
@@ -381,9 +439,14 @@ def _optimizer(claims: Claims, look: Any, read: FrameworkRead) -> None:
     else:
         origin = hit[2]
     claims.say("optimizer", optimizer, origin)
-    if name.endswith("PagedAdamW8bit"):
+    if name.startswith("bitsandbytes.") and read.values.get("distributed"):
+        raise InvalidValueError(f"{hit[2]}: {name} in {read.values['recipe']}: bitsandbytes' optimizers are for "
+                                "torchtune's single-device recipes (they do not run on FSDP2's DTensor parameters, "
+                                "pytorch/torchtune#1856); use torch.optim.AdamW")
+    if name.startswith("bitsandbytes.optim.Paged"):
+        kind = "AdamW8bit" if name.endswith("8bit") else "AdamW (its fp32 states)"
         read.unmodelled.append(Unmodelled(hit[2], name, "paged: bitsandbytes keeps its state in CUDA managed memory "
-                                          "(it pages out under pressure); budgeted on the GPU as AdamW8bit"))
+                                          f"(it pages out under pressure); budgeted on the GPU as {kind}"))
 
 
 def _fsdp(look: Any, release: Sourced) -> dict[str, Any]:
@@ -399,13 +462,16 @@ def _fsdp(look: Any, release: Sourced) -> dict[str, Any]:
             "fsdp_config": (True, {"version": version}, origin)}
 
 
-def _unread(config: LaunchFile, look: Any) -> list[Unmodelled]:
-    out = []
-    for key, value in config.leaves():
-        if key in READ:
-            continue
-        top = key.split(".")[0]
-        why = "does not change GPU memory" if top in _HARMLESS else f"{VERSION} key not modelled by oomlab"
-        out.append(Unmodelled(config.origin(key), look(key)[1] if look(key)[0] else value, why))
+def _unread(config: LaunchFile, cmd: LaunchCommand, look: Any) -> list[Unmodelled]:
+    """Every key of the config, and every override, oomlab does not read: harmless ones said so, the rest listed as
+    not modelled."""
+    def why(key: str) -> str:
+        harmless = any(key == h or key.startswith(h + ".") for h in _HARMLESS)
+        return "does not change GPU memory" if harmless else f"{VERSION} key not modelled by oomlab"
+
+    out = [Unmodelled(config.origin(key), look(key)[1] if look(key)[0] else value, why(key))
+           for key, value in config.leaves() if key not in READ]
+    out += [Unmodelled(flag_origin(f"{key}={value}"), value, why(key)) for key, value in cmd.flags
+            if not key.startswith(("-", "~")) and key not in READ and not config.has(key)]
     return out
 

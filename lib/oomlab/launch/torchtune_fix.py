@@ -14,7 +14,9 @@ from collections.abc import Iterable
 
 from oomlab.core.choices import Method, Optimizer, Strategy
 from oomlab.core.setup import TrainingSetup
+from oomlab.core.user_input import shell_words
 from oomlab.launch.read import UserLaunch
+from oomlab.launch.torchtune import QLORA_PACKAGES
 
 # the optimizer's component as torchtune names it (bitsandbytes' unpaged AdamW8bit: its state on the GPU, as budgeted)
 COMPONENTS = {Optimizer.ADAMW: "torch.optim.AdamW", Optimizer.ADAMW_FUSED: "torch.optim.AdamW",
@@ -26,7 +28,7 @@ _MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 
 
 def _words(text: str) -> list[str]:
-    return text.split(" ")
+    return shell_words(text)
 
 
 def set_override(text: str, key: str, value: str) -> str:
@@ -61,8 +63,11 @@ def lora_overrides(launch: UserLaunch, fix: TrainingSetup) -> list[tuple[str, st
     """The builder and the adapter keys of ``fix``'s LoRA / QLoRA, as torchtune's builders take them."""
     values = launch.framework_values
     package, base = values["builder_package"], values["builder_base"]
-    prefix = "qlora_" if fix.method is Method.QLORA else "lora_"
+    own_qlora = package.rsplit(".", 1)[-1] in QLORA_PACKAGES  # else: lora_ with quantize_base (qwen2, qwen2_5)
+    prefix = "qlora_" if fix.method is Method.QLORA and own_qlora else "lora_"
     out = [("model._component_", f"{package}.{prefix}{base}")]
+    if fix.method is Method.QLORA and not own_qlora:
+        out.append(("model.quantize_base", "True"))
     if launch.setup.method is Method.FULL:  # the adapter keys the full config lacks
         attention = [n for t in fix.lora_targets for n in _ATTENTION.get(t, ())]
         out += [("model.lora_attn_modules", "[" + ",".join(dict.fromkeys(attention)) + "]"),
@@ -76,21 +81,36 @@ def lora_overrides(launch: UserLaunch, fix: TrainingSetup) -> list[tuple[str, st
     return out
 
 
-def optimizer_overrides(launch: UserLaunch, optimizer: Optimizer) -> list[tuple[str, str | None]]:
-    """``optimizer._component_`` (and ``fused``) for ``optimizer``; ``(key, None)``: drop the YAML's key (bitsandbytes'
-    optimizers take no ``fused``)."""
+def optimizer_overrides(launch: UserLaunch, optimizer: Optimizer, text: str) -> list[tuple[str, str | None]]:
+    """``optimizer._component_`` (and ``fused``) for ``optimizer`` on the command ``text``; ``(key, None)``: no
+    ``fused`` left, the YAML's dropped with ``~optimizer.fused`` unless ``text`` already drops it (bitsandbytes'
+    optimizers take no ``fused``, and torchtune refuses removing a key twice)."""
     out: list[tuple[str, str | None]] = [("optimizer._component_", COMPONENTS[optimizer])]
+    words = _words(text)
+    in_yaml = "optimizer.fused" in launch.framework_values.get("yaml_keys", ())
     if optimizer is Optimizer.ADAMW_FUSED:
         out.append(("optimizer.fused", "True"))
-    elif "optimizer.fused" in launch.framework_values.get("yaml_keys", ()):
+    elif in_yaml and "~optimizer.fused" not in words or any(w.startswith("optimizer.fused=") for w in words):
         out.append(("optimizer.fused", None))
     return out
+
+
+def _without_fused(text: str, launch: UserLaunch) -> str:
+    """``text`` with no ``fused`` left: an override of it dropped, the YAML's removed (once)."""
+    text = drop_override(text, "optimizer.fused")
+    if "optimizer.fused" in launch.framework_values.get("yaml_keys", ()) and "~optimizer.fused" not in _words(text):
+        text = f"{text} ~optimizer.fused"
+    return text
 
 
 def how(launch: UserLaunch, knob: str, fix: TrainingSetup, batch_words: str) -> str | None:
     """The words for one change on a ``tune run`` launch (None: the knob has no torchtune spelling)."""
     if knob == "optimizer":
-        return " ".join(f"{k}={v}" if v is not None else f"~{k}" for k, v in optimizer_overrides(launch, fix.optimizer))
+        overrides = optimizer_overrides(launch, fix.optimizer, launch.command.text)
+        words = [f"{k}={v}" for k, v in overrides if v is not None]
+        if any(v is None for _, v in overrides):
+            words.append("and no optimizer.fused (~optimizer.fused where the YAML sets it)")
+        return " ".join(words)
     if knob == "strategy" and fix.strategy in (Strategy.FSDP2_OFFLOAD, Strategy.FSDP_OFFLOAD):
         return "fsdp_cpu_offload=True (the *_distributed recipe offloads parameters, gradients and optimizer states)"
     if knob == "method":
@@ -99,6 +119,8 @@ def how(launch: UserLaunch, knob: str, fix: TrainingSetup, batch_words: str) -> 
         return f"recipe {recipe.replace('full_', 'lora_')}, {words}" if recipe.startswith("full_") else words
     if knob == "gpus":
         return f"tune run --nproc_per_node {fix.gpus}"
+    if knob == "batch" and launch.setup.optimizer_in_backward and not fix.optimizer_in_backward:
+        return f"{batch_words} optimizer_in_bwd=False (torchtune accumulates only without it)"
     return {"checkpointing": "enable_activation_checkpointing=True", "seq": f"tokenizer.max_seq_len={fix.seq}",
             "batch": batch_words}.get(knob)
 
@@ -118,10 +140,11 @@ def fixed(launch: UserLaunch, changes: Iterable[tuple[str, TrainingSetup]], accu
                 text = set_override(text, "batch_size", str(s.batch))
             if "gradient_accumulation_steps" not in edited:
                 text = set_override(text, "gradient_accumulation_steps", str(accumulation))
+            if launch.setup.optimizer_in_backward and not s.optimizer_in_backward:
+                text = set_override(text, "optimizer_in_bwd", "False")
         elif knob == "optimizer":
-            for key, value in optimizer_overrides(launch, s.optimizer):
-                text = set_override(text, key, value) if value is not None else \
-                    f"{drop_override(text, key)} ~{key}"
+            for key, value in optimizer_overrides(launch, s.optimizer, text):
+                text = set_override(text, key, value) if value is not None else _without_fused(text, launch)
         elif knob == "strategy" and s.strategy in (Strategy.FSDP2_OFFLOAD, Strategy.FSDP_OFFLOAD):
             text = set_override(text, "fsdp_cpu_offload", "True")
         elif knob == "gpus":

@@ -220,8 +220,9 @@ def _apply(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> Ste
     Liger's loss and the strategies its recipes do not run)."""
     applied = _applied(rung, step, fits)
     if applied is not None and step.setup.versions.framework == "torchtune" \
-            and (rung is Rung.FUSED_LOSS or applied.setup.strategy not in torchtune_strategies(applied.setup)):
-        return None
+            and (rung is Rung.FUSED_LOSS or applied.setup.strategy not in torchtune_strategies(applied.setup)
+                 or applied.setup.optimizer is Optimizer.ADAMW_8BIT and applied.setup.strategy.fsdp):
+        return None  # bitsandbytes' optimizers: single-device recipes only (pytorch/torchtune#1856)
     return applied
 
 
@@ -245,11 +246,12 @@ def _applied(rung: Rung, step: Step, fits: Callable[[TrainingSetup], bool]) -> S
                 if s.loss is Loss.STANDARD and s.trainer is Trainer.SFT and s.model.family in LIGER_FAMILIES else None
         if rung is Rung.CHECKPOINTING:
             return None if s.checkpointing else Step(rung, s.with_(checkpointing=True), step.accumulation)
-        if rung is Rung.MICRO_BATCH:
+        if rung is Rung.MICRO_BATCH:  # torchtune accumulates only without optimizer_in_bwd (its recipes raise)
             if s.batch == 1:
                 return None
-            batch = next((b for b in _halvings(s.batch) if fits(s.with_(batch=b))), 1)
-            return Step(rung, s.with_(batch=batch), step.accumulation * (s.batch // batch))
+            base = s.with_(optimizer_in_backward=False) if s.optimizer_in_backward else s
+            batch = next((b for b in _halvings(s.batch) if fits(base.with_(batch=b))), 1)
+            return Step(rung, base.with_(batch=batch), step.accumulation * (s.batch // batch))
         if rung is Rung.OPTIMIZER_8BIT:
             return Step(rung, s.with_(optimizer=Optimizer.ADAMW_8BIT), step.accumulation) \
                 if s.optimizer.adam and s.optimizer is not Optimizer.ADAMW_8BIT and not s.strategy.deepspeed else None

@@ -24,6 +24,7 @@ from oomlab.core.gpus import load_gpu
 from oomlab.core.markdown import md_code, md_text
 from oomlab.core.seed import is_seed_case
 from oomlab.core.units import format_signed_size, format_size
+from oomlab.core.user_input import shell_words
 from oomlab.core.words import agree, count
 from oomlab.explanation.snapshot_format import read_snapshot
 from oomlab.launch.paths import ROWS, path_of, path_table
@@ -369,7 +370,7 @@ def shell_lines(command: str, width: int = 48, overrides: bool = False) -> str:
     value; with ``overrides``, also before a ``key=value`` / ``~key`` word, torchtune's), so a narrow screen never
     wraps it inside a flag or a path and it still pastes as one command."""
     groups: list[str] = []
-    for word in command.split(" "):
+    for word in shell_words(command):  # a quoted value is one word: never cut inside it
         if word.startswith("--") or not groups or overrides and ("=" in word or word.startswith("~")):
             groups.append(word)
         else:
