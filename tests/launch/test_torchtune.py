@@ -425,3 +425,9 @@ def test_a_quoted_value_is_never_cut() -> None:
                        overrides=True)
     assert "'metric_logger.name=run a=b'" in text.replace(" \\\n    ", " ")
     assert all(line.count("'") % 2 == 0 for line in text.splitlines())
+
+
+def test_the_hardware_search_says_whose_launches_it_ranks() -> None:
+    from oomlab.report.story import hardware_scope
+    assert hardware_scope({"budget": {"configured": {"framework": "transformers"}}}) == ""
+    assert "not torchtune's" in hardware_scope({"budget": {"configured": {"framework": "torchtune"}}})
