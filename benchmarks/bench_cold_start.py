@@ -51,6 +51,10 @@ CASES = (
     ("plan --model llama-2-70b --any-gpu", ["plan", "--model", "llama-2-70b", "--any-gpu"], 1.5),
     ("check --launch 'torchrun --nproc_per_node 4 train.py --fp16' --model llama-13b --gpu t4",
      ["check", "--launch", "torchrun --nproc_per_node 4 train.py --fp16", "--model", "llama-13b", "--gpu", "t4"], None),
+    ("check --launch 'tune run full_finetune_single_device --config llama3_1/8B_full_single_device ...' --gpu "
+     "rtx-4090 (a built-in config read, a fix written)",
+     ["check", "--launch", "tune run full_finetune_single_device --config llama3_1/8B_full_single_device batch_size=4 "
+      "tokenizer.max_seq_len=4096 optimizer=torch.optim.AdamW optimizer_in_bwd=False", "--gpu", "rtx-4090"], 1.0),
 )
 
 
