@@ -161,7 +161,8 @@ def test_a_paged_optimizer_is_listed(tmp_path: Path) -> None:
      "llama3_2/3B_qlora_single_device"),
     ("tune run lora_finetune_single_device", {}, InvalidValueError, "needs --config"),
     ("tune run lora_finetune_single_device --config {y} dtype=fp16", {}, InvalidValueError, "refuse fp16"),
-    ("tune run full_finetune_single_device --config {y}", {}, InvalidValueError, "use a base builder"),
+    ("tune run full_finetune_single_device --config {y}", {"optimizer_in_bwd": False}, InvalidValueError,
+     "use a base builder"),
     ("tune run --nproc_per_node 2 lora_finetune_single_device --config {y}", {}, InvalidValueError,
      "does not support distributed training"),
     ("tune run lora_finetune_single_device --config {y}", {"tokenizer__max_seq_len": None, "dataset__packed": False},
@@ -183,6 +184,8 @@ def test_a_paged_optimizer_is_listed(tmp_path: Path) -> None:
     ("tune run lora_finetune_single_device --config {y} ~loss", {}, InvalidValueError, "removing a component"),
     ("tune run lora_finetune_single_device --config {y} ~dataset.nope", {}, InvalidValueError,
      "no dataset.nope to remove"),
+    ("tune run lora_finetune_single_device --config {y} ~compile", {}, InvalidValueError, "Missing key compile"),
+    ("tune run lora_finetune_single_device --config {y}", {"dtype": None}, InvalidValueError, "Missing key dtype"),
     ("tune run lora_finetune_single_device --config {y} dtype=BF16", {}, InvalidValueError, "lower case"),
     ("tune run lora_finetune_single_device --config {y} --batch_size 64", {}, InvalidValueError,
      "Additional flag arguments"),
@@ -289,7 +292,8 @@ def test_an_optimizer_fix_drops_fused_where_the_yaml_has_it(tmp_path: Path) -> N
     """bitsandbytes' AdamW8bit takes no fused: the fix drops the YAML's key with ~optimizer.fused."""
     path = _yaml(tmp_path, model___component_="torchtune.models.llama3_2.llama3_2_3b", model__lora_attn_modules=None,
                  model__apply_lora_to_mlp=None, model__lora_rank=None, model__lora_alpha=None,
-                 enable_activation_checkpointing=True, batch_size=1, gradient_accumulation_steps=1)
+                 enable_activation_checkpointing=True, batch_size=1, gradient_accumulation_steps=1,
+                 optimizer_in_bwd=False)
     fix, again = _relaunch(f"tune run full_finetune_single_device --config {path}", "rtx-4090")
     assert again.setup == fix.setup and fix.setup.optimizer is Optimizer.ADAMW_8BIT
     assert "optimizer._component_=bitsandbytes.optim.AdamW8bit ~optimizer.fused" in fix.launch

@@ -201,6 +201,7 @@ def read_torchtune(claims: Claims, cmd: LaunchCommand, command_dir: str | None, 
             return False, None, flag_origin(f"~{key}")
         return _parsed(layered(key))
 
+    _required(look, recipe, distributed)
     full_versions, release = release_of(versions)
     if builtin and release.value != VERSION.split()[-1]:
         unmodelled.append(Unmodelled(config.origin("model"), cmd.flag("--config")[1],
@@ -255,6 +256,19 @@ def _launcher_rules(cmd: LaunchCommand, recipe: str, distributed: bool, config: 
             if not config.has(dotted):
                 raise InvalidValueError(f"{cmd.text!r}: {key}: the config has no {dotted} to remove; torchtune raises "
                                         "'Could not find key' (config/_utils.py :158-164)")
+
+
+def _required(look: Any, recipe: str, distributed: bool) -> None:
+    """The keys the recipe reads as ``cfg.key`` (no default): absent, OmegaConf 2.3 raises 'Missing key' (a null
+    value is read as null)."""
+    keys = ["dtype"] + ([] if distributed else ["compile"]) \
+        + (["optimizer_in_bwd"] if recipe == "full_finetune_single_device" else [])
+    for key in keys:
+        hit = look(key)
+        if not hit[0]:
+            raise InvalidValueError(f"no {key} in the config nor on the command line: recipes/{recipe}.py reads "
+                                    f"cfg.{key} (no default at {VERSION}) and OmegaConf raises 'Missing key {key}'; "
+                                    "set it")
 
 
 def _model(look: Any, method: Method) -> str:
