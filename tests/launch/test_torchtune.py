@@ -432,6 +432,6 @@ def test_a_quoted_value_is_never_cut() -> None:
 
 
 def test_the_hardware_search_says_whose_launches_it_ranks() -> None:
-    from oomlab.report.story import hardware_scope
-    assert hardware_scope({"budget": {"configured": {"framework": "transformers"}}}) == ""
-    assert "not torchtune's" in hardware_scope({"budget": {"configured": {"framework": "torchtune"}}})
+    from oomlab.report.hardware import scope
+    assert scope({"budget": {"configured": {"framework": "transformers"}}}) == ""
+    assert "not torchtune's" in scope({"budget": {"configured": {"framework": "torchtune"}}})

@@ -89,7 +89,7 @@ def out_dir(tmp_path_factory) -> Any:
 
 STORY = ("title", "answer", "deciding_configuration", "knob_table_rows", "remedy_rows", "seed_table_rows",
          "reproduction", "honesty", "message", "decoded", "evidence_of_budget", "verification_rows", "recommended_fix",
-         "config_files", "assumptions", "parameter_rows", "hardware_scope")
+         "config_files", "assumptions", "parameter_rows")
 
 
 def test_story_reads_only_what_the_builders_write(out_dir) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from oomlab.core.markdown import md_text
 from oomlab.remedies import hardware_display
 from oomlab.remedies.hardware import HardwareSearch
 from oomlab.report.figures import CostPoint, plot_pareto
@@ -41,3 +42,13 @@ def plot_hardware_pareto(data: Mapping[str, Any] | HardwareSearch) -> Any:
     """The pareto figure of cost per token against tokens/s, from the search's results."""
     search = search_of(data)
     return plot_pareto(cost_points(search), title=f"Which GPUs would train {search.model}: cost against speed")
+
+
+def scope(r: Mapping[str, Any]) -> str:
+    """What the hardware search ranks, said where the user's run is not a transformers one (empty otherwise): the
+    search's candidates are oomlab's own transformers + peft launches, not the user's framework's."""
+    framework = (r.get("budget") or {}).get("configured", {}).get("framework", "transformers")
+    if framework == "transformers":
+        return ""
+    return (f"NB: this search ranks oomlab's own launches (transformers + peft, the files it writes), not "
+            f"{md_text(framework)}'s: for your {md_text(framework)} run, the recommended fix above is the answer.")

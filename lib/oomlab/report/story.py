@@ -365,16 +365,6 @@ def recommended_fix(r: dict[str, Any]) -> str:
             f"every command); run there:\n\n<pre>{esc(shell_lines(plan['launch_command']))}</pre>")
 
 
-def hardware_scope(r: dict[str, Any]) -> str:
-    """What the hardware search ranks, said where the user's run is not a transformers one (empty otherwise): the
-    search's candidates are oomlab's own transformers + peft launches, not the user's framework's."""
-    framework = (r.get("budget") or {}).get("configured", {}).get("framework", "transformers")
-    if framework == "transformers":
-        return ""
-    return (f"NB: this search ranks oomlab's own launches (transformers + peft, the files it writes), not "
-            f"{md_text(framework)}'s: for your {md_text(framework)} run, the recommended fix above is the answer.")
-
-
 def shell_lines(command: str, width: int = 48, overrides: bool = False) -> str:
     """A long shell command as continued lines (`` \\`` at each end), broken only before an option (kept with its
     value; with ``overrides``, also before a ``key=value`` / ``~key`` word, torchtune's), so a narrow screen never
