@@ -117,10 +117,6 @@ def builtin_configs() -> dict[str, dict]:
     return json.loads((CONFIGS_DIR / "index.json").read_text())["configs"]
 
 
-def is_tune(cmd: LaunchCommand) -> bool:
-    return cmd.launcher.value == "tune run"
-
-
 def recipe_of(cmd: LaunchCommand) -> str:
     """The recipe ``tune run`` runs: a built-in name, or a copy of one (``tune cp``: ``my_recipe/full_finetune_...py``
     or its module path) read as that recipe; anything else refused naming the recipes read."""
@@ -228,7 +224,7 @@ def read_torchtune(claims: Claims, cmd: LaunchCommand, command_dir: str | None, 
                 "as SDPA)")
     _optimizer(claims, look, read)
     if distributed:
-        read.refs.update(_fsdp(look, release))
+        read.refs.update(_fsdp(look, full_versions))
     read.unmodelled += _unread(config, cmd, layered)
     return read
 
@@ -463,15 +459,16 @@ def _optimizer(claims: Claims, look: Any, read: FrameworkRead) -> None:
                                           f"(it pages out under pressure); budgeted on the GPU as {kind}"))
 
 
-def _fsdp(look: Any, release: Sourced) -> dict[str, Any]:
+def _fsdp(look: Any, versions: Versions) -> dict[str, Any]:
     """FSDP as the recipe shards: FSDP2 from 0.3.0 (FSDP1 before), CPU offload with ``fsdp_cpu_offload``."""
     words = "full_shard auto_wrap"
     hit = look("fsdp_cpu_offload")
     if hit[0] and hit[1] is not None and bool_value(hit[1], hit[2]):
         words += " offload"
-    release_tuple = tuple(int(p) for p in release.value.split("."))
-    version = 2 if release_tuple >= TORCHTUNE_FSDP2 else 1
-    origin = default_origin(VERSION, f"a *_distributed recipe shards with FSDP{version} at torchtune {release.value}")
+    release = versions.release("torchtune")
+    version = 2 if release >= TORCHTUNE_FSDP2 else 1
+    origin = default_origin(VERSION, f"a *_distributed recipe shards with FSDP{version} at torchtune "
+                                     f"{'.'.join(map(str, release))}")
     return {"fsdp": (True, words, hit[2] if "offload" in words else origin),
             "fsdp_config": (True, {"version": version}, origin)}
 

@@ -27,13 +27,9 @@ _ATTENTION = {"q_proj": ("q_proj",), "k_proj": ("k_proj",), "v_proj": ("v_proj",
 _MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 
 
-def _words(text: str) -> list[str]:
-    return shell_words(text)
-
-
 def set_override(text: str, key: str, value: str) -> str:
     """``text`` with ``key=value``: replaced where the command gives it, else added at the end."""
-    words = _words(text)
+    words = shell_words(text)
     for i, word in enumerate(words):
         if word.startswith(f"{key}=") or word == f"~{key}":
             words[i] = f"{key}={value}"
@@ -43,7 +39,7 @@ def set_override(text: str, key: str, value: str) -> str:
 
 def drop_override(text: str, key: str) -> str:
     """``text`` without a ``key=...`` override."""
-    return " ".join(w for w in _words(text) if not w.startswith(f"{key}="))
+    return " ".join(w for w in shell_words(text) if not w.startswith(f"{key}="))
 
 
 def set_processes(text: str, gpus: int) -> str:
@@ -56,7 +52,7 @@ def set_processes(text: str, gpus: int) -> str:
 
 
 def _recipe(text: str, old: str, new: str) -> str:
-    return " ".join(new if w == old or w.endswith(f"/{old}.py") else w for w in _words(text))
+    return " ".join(new if w == old or w.endswith(f"/{old}.py") else w for w in shell_words(text))
 
 
 def lora_overrides(launch: UserLaunch, fix: TrainingSetup) -> list[tuple[str, str]]:
@@ -86,7 +82,7 @@ def optimizer_overrides(launch: UserLaunch, optimizer: Optimizer, text: str) -> 
     ``fused`` left, the YAML's dropped with ``~optimizer.fused`` unless ``text`` already drops it (bitsandbytes'
     optimizers take no ``fused``, and torchtune refuses removing a key twice)."""
     out: list[tuple[str, str | None]] = [("optimizer._component_", COMPONENTS[optimizer])]
-    words = _words(text)
+    words = shell_words(text)
     in_yaml = "optimizer.fused" in launch.framework_values.get("yaml_keys", ())
     if optimizer is Optimizer.ADAMW_FUSED:
         out.append(("optimizer.fused", "True"))
@@ -98,7 +94,8 @@ def optimizer_overrides(launch: UserLaunch, optimizer: Optimizer, text: str) -> 
 def _without_fused(text: str, launch: UserLaunch) -> str:
     """``text`` with no ``fused`` left: an override of it dropped, the YAML's removed (once)."""
     text = drop_override(text, "optimizer.fused")
-    if "optimizer.fused" in launch.framework_values.get("yaml_keys", ()) and "~optimizer.fused" not in _words(text):
+    in_yaml = "optimizer.fused" in launch.framework_values.get("yaml_keys", ())
+    if in_yaml and "~optimizer.fused" not in shell_words(text):
         text = f"{text} ~optimizer.fused"
     return text
 
